@@ -1,0 +1,64 @@
+#ifndef BLADE_KERNELS_H
+#define BLADE_KERNELS_H
+
+/* CPU compute kernels behind run-time dispatch (AVX-512 with VNNI/BF16 where present,
+ * AVX2+FMA, portable scalar), and the persistent thread pool that runs them.
+ *
+ * Determinism contract (batch invariance): for every output element the sequence of
+ * floating-point operations is fixed by the weight type and the ISA alone; it does not
+ * depend on how many tokens are multiplied together, on the tile a token falls in, or on
+ * how rows are split between threads. The one-token (GEMV) and many-token (GEMM) paths
+ * therefore produce identical bits. */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum blade_isa {
+    BLADE_ISA_SCALAR = 0,
+    BLADE_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
+    BLADE_ISA_AVX512 = 2, /* AVX-512 F/BW/VL, with VNNI and BF16 used when present */
+    BLADE_ISA_COUNT
+} blade_isa;
+
+typedef struct blade_cpu_features {
+    bool avx2, fma, f16c;
+    bool avx512f, avx512bw, avx512vl, avx512vnni, avx512bf16;
+} blade_cpu_features;
+
+const blade_cpu_features *blade_cpu_get_features(void);
+const char *blade_isa_name(blade_isa isa);
+bool blade_isa_supported(blade_isa isa);
+/* The ISA kernels use; defaults to the best supported. Tests and benchmarks switch it. */
+blade_isa blade_isa_active(void);
+void blade_isa_set(blade_isa isa); /* ignored when unsupported */
+
+/* ---- matrix multiply ----
+ * Activations are first converted into the form the weight type's dot product wants
+ * (e.g. int8 blocks with a scale for integer dot products), once per token row. */
+
+/* Bytes of one converted activation row of n elements for weights of this type. */
+size_t blade_act_row_bytes(uint32_t weight_type, int64_t n);
+/* Converts one activation row (n floats) for weights of this type. */
+void blade_act_convert(uint32_t weight_type, const float *x, void *out, int64_t n);
+
+/* Y[t * ldy + r] = dot(W row r, X row t) for r in [r0, r1), t in [0, n_tok).
+ * W rows are n elements of weight_type, w_stride bytes apart; X rows are converted
+ * activations, x_stride bytes apart. Each weight block is loaded once per tile of tokens. */
+void blade_matmul(uint32_t weight_type, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
+                  float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1);
+
+/* ---- thread pool ---- */
+
+typedef struct blade_threadpool blade_threadpool;
+
+/* n_threads <= 0: the number of physical cores. */
+blade_threadpool *blade_threadpool_new(int n_threads);
+void blade_threadpool_free(blade_threadpool *p);
+int blade_threadpool_size(const blade_threadpool *p);
+/* Runs fn(ctx, ith, nth) on every thread of the pool (the caller is thread 0) and returns
+ * when all have finished. Cheap enough to call for each small operation of a decode step. */
+void blade_threadpool_run(blade_threadpool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx);
+int blade_physical_cores(void);
+
+#endif

@@ -1,0 +1,80 @@
+#ifndef BLADE_MODEL_H
+#define BLADE_MODEL_H
+
+/* A loaded model: hyperparameters read from GGUF metadata and weight views into the
+ * mapped file (nothing is copied). Architectures: llama, qwen2 (QKV bias, NeoX RoPE),
+ * qwen3 (per-head Q/K RMSNorm, NeoX RoPE). Anything else is refused by name. */
+
+#include "blade/error.h"
+#include "blade/gguf.h"
+#include "blade/tokenizer.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum blade_arch {
+    BLADE_ARCH_LLAMA,
+    BLADE_ARCH_QWEN2,
+    BLADE_ARCH_QWEN3
+} blade_arch;
+
+typedef struct blade_hparams {
+    blade_arch arch;
+    const char *arch_name;
+    int32_t n_vocab;
+    int32_t n_ctx_train;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim; /* per-head size of Q and K (and V) */
+    int32_t n_ff;
+    int32_t n_rot;    /* rotary dimensions per head (<= head_dim) */
+    float rms_eps;
+    float rope_base;
+    float rope_scale; /* linear scaling: positions are divided by this */
+    bool rope_neox;   /* rotate (x[i], x[i + n_rot/2]) instead of (x[2i], x[2i+1]) */
+    bool tied_embeddings;
+} blade_hparams;
+
+/* A matrix (or vector) in the file: n_out rows of n_in elements of `type`. */
+typedef struct blade_weight {
+    const void *data;
+    uint32_t type;
+    int64_t n_in;
+    int64_t n_out;
+} blade_weight;
+
+typedef struct blade_layer {
+    blade_weight attn_norm;
+    blade_weight wq, wk, wv, wo;
+    blade_weight bq, bk, bv;         /* qwen2 only; data NULL otherwise */
+    blade_weight q_norm, k_norm;     /* qwen3 only */
+    blade_weight ffn_norm;
+    blade_weight ffn_gate, ffn_up, ffn_down;
+} blade_layer;
+
+typedef struct blade_model {
+    gguf_file *file;
+    blade_tokenizer *tokenizer;
+    blade_hparams hp;
+    blade_weight tok_embd;
+    blade_weight output_norm;
+    blade_weight output; /* == tok_embd when tied */
+    blade_layer *layers;
+    uint64_t n_params;
+    size_t weight_bytes;
+} blade_model;
+
+blade_model *blade_model_load(const char *path, blade_error *err);
+/* Same, over an already opened file (takes ownership of f, also on failure). */
+blade_model *blade_model_from_gguf(gguf_file *f, blade_error *err);
+void blade_model_free(blade_model *m);
+
+const char *blade_arch_name(blade_arch a);
+
+/* KV cache arithmetic: 2 (K and V) x layers x KV heads x head dim x bytes per element. */
+uint64_t blade_kv_bytes_per_token(const blade_hparams *hp, size_t bytes_per_element);
+
+#endif

@@ -1,0 +1,51 @@
+#ifndef BLADE_RUNNER_H
+#define BLADE_RUNNER_H
+
+/* The model runner executes one ragged batch: any number of sequences, each contributing
+ * one or more new tokens (a prefill chunk, a decode token, or draft tokens to verify) at
+ * known positions, with K/V in the paged store reached through each sequence's block
+ * table. Weights are streamed once per batch, not once per sequence. Logits are computed
+ * only for the rows a caller asks for.
+ *
+ * Batch invariance: a sequence's logits are bit-identical whatever else is in the batch,
+ * however its prompt was chunked, whatever the thread count and whichever physical blocks
+ * hold its KV (see the determinism contracts of kernels.h and attention.h).
+ *
+ * The runner never allocates KV blocks: block tables come from the caller (the KV cache
+ * manager), and the runner writes each new token's K/V into the slot its position names. */
+
+#include "blade/error.h"
+#include "blade/kernels.h"
+#include "blade/kv_store.h"
+#include "blade/model.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct blade_batch_seq {
+    const int32_t *tokens;      /* n_tokens new tokens */
+    int32_t n_tokens;
+    int32_t pos0;               /* position of tokens[0]; positions 0..pos0-1 are already cached */
+    const int32_t *block_table; /* physical block of each logical block; must cover pos0 + n_tokens */
+    int32_t n_blocks;
+    /* Logits wanted for tokens[logit_rows[i]], i < n_logits, written to
+     * logits + i * n_vocab. logit_rows NULL with n_logits 1 means the last token. */
+    const int32_t *logit_rows;
+    int32_t n_logits;
+    float *logits;
+} blade_batch_seq;
+
+typedef struct blade_runner blade_runner;
+
+/* max_batch_tokens bounds the total new tokens of one call (scratch is sized for it). */
+blade_runner *blade_runner_new(const blade_model *m, blade_kv_store *kv, blade_threadpool *pool,
+                               int32_t max_batch_tokens, blade_error *err);
+void blade_runner_free(blade_runner *r);
+int32_t blade_runner_max_batch_tokens(const blade_runner *r);
+
+/* Runs one batch. Validates every sequence (tokens in the vocabulary, positions inside
+ * the block table, block numbers inside the store, logit rows inside the chunk) before
+ * touching any state, so a bad batch changes nothing. */
+int blade_runner_forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n_seqs, blade_error *err);
+
+#endif

@@ -1,0 +1,20 @@
+#ifndef BLADE_CLI_UTIL_H
+#define BLADE_CLI_UTIL_H
+
+/* Helpers shared by the subcommands: strict number parsing (a typo in a flag is an
+ * error, never a silent zero), file slurping and timing. */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+bool cli_parse_int(const char *flag, const char *s, long long min, long long max, long long *out);
+bool cli_parse_float(const char *flag, const char *s, double min, double max, double *out);
+/* Whole file, NUL-terminated, malloc'd; prints an error naming the file on failure. */
+char *cli_read_file(const char *path, size_t *len);
+double cli_now(void);
+/* The default model: ../shared/models/stories260K.gguf relative to the working directory
+ * when present, else NULL. */
+const char *cli_default_model(void);
+
+#endif

@@ -1,0 +1,144 @@
+#include "blade/gguf.h"
+#include "blade/model.h"
+#include "blade/types.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static void info_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: blade info [-m] MODEL [--tensors]\n\n"
+            "Prints architecture, shapes, tensor types, parameter count, weight bytes and the KV cache\n"
+            "arithmetic (bytes per token = 2 x layers x KV heads x head dim x bytes per element, with\n"
+            "totals at 4K and 32K context for 1, 8 and 64 concurrent sequences).\n\n"
+            "  -m, --model FILE   GGUF model (may also be given as the only argument)\n"
+            "      --tensors      also list every tensor with its type and shape\n"
+            "  -h, --help         this help\n");
+}
+
+static void human_bytes(char *buf, size_t cap, double b)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024.0 && u < 4) {
+        b /= 1024.0;
+        u++;
+    }
+    snprintf(buf, cap, u ? "%.2f %s" : "%.0f %s", b, units[u]);
+}
+
+static void print_kv_table(const blade_hparams *hp, const char *label, size_t elem_bytes)
+{
+    uint64_t per_token = blade_kv_bytes_per_token(hp, elem_bytes);
+    char buf[32];
+    human_bytes(buf, sizeof buf, (double)per_token);
+    printf("  %s: 2 x %d layers x %d KV heads x %d head dim x %zu bytes = %llu bytes (%s) per token\n", label,
+           hp->n_layer, hp->n_head_kv, hp->head_dim, elem_bytes, (unsigned long long)per_token, buf);
+    printf("    %-8s %14s %14s %14s\n", "context", "1 seq", "8 seqs", "64 seqs");
+    static const int contexts[] = {4096, 32768};
+    static const int seqs[] = {1, 8, 64};
+    for (int c = 0; c < 2; c++) {
+        printf("    %-8s", contexts[c] == 4096 ? "4K" : "32K");
+        for (int s = 0; s < 3; s++) {
+            human_bytes(buf, sizeof buf, (double)per_token * contexts[c] * seqs[s]);
+            printf(" %14s", buf);
+        }
+        printf("\n");
+    }
+}
+
+int cmd_info(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},
+        {"tensors", no_argument, 0, 'T'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *path = NULL;
+    bool list_tensors = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': path = optarg; break;
+        case 'T': list_tensors = true; break;
+        case 'h': info_usage(stdout); return 0;
+        default: info_usage(stderr); return 2;
+        }
+    }
+    if (!path && optind == argc - 1)
+        path = argv[optind++];
+    if (!path)
+        path = cli_default_model();
+    if (!path || optind != argc) {
+        info_usage(stderr);
+        return 2;
+    }
+    blade_error err = {{0}};
+    blade_model *m = blade_model_load(path, &err);
+    if (!m) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        return 1;
+    }
+    const blade_hparams *hp = &m->hp;
+    const gguf_file *f = m->file;
+    char *name = gguf_get_string(f, "general.name", NULL, NULL);
+    printf("model:         %s\n", path);
+    printf("name:          %s\n", name ? name : "(none)");
+    free(name);
+    printf("gguf:          version %u, %llu metadata keys, %llu tensors, alignment %u\n", f->version,
+           (unsigned long long)f->n_kv, (unsigned long long)f->n_tensors, f->alignment);
+    printf("architecture:  %s\n", hp->arch_name);
+    printf("vocabulary:    %d tokens (%s tokenizer)\n", hp->n_vocab,
+           blade_tokenizer_kind(m->tokenizer) == BLADE_VOCAB_SPM ? "llama/SentencePiece" : "gpt2/byte-level BPE");
+    printf("context:       %d tokens (trained)\n", hp->n_ctx_train);
+    printf("embedding:     %d\n", hp->n_embd);
+    printf("layers:        %d\n", hp->n_layer);
+    printf("heads:         %d query, %d KV (GQA group %d), head dim %d\n", hp->n_head, hp->n_head_kv,
+           hp->n_head / hp->n_head_kv, hp->head_dim);
+    printf("feed-forward:  %d (SwiGLU)\n", hp->n_ff);
+    printf("rope:          %s, %d dims, base %g, linear scale %g\n", hp->rope_neox ? "NeoX" : "normal", hp->n_rot,
+           hp->rope_base, hp->rope_scale);
+    printf("rms norm eps:  %g\n", hp->rms_eps);
+    printf("extras:        %s%s%s\n", hp->tied_embeddings ? "tied embeddings " : "",
+           m->layers[0].bq.data ? "QKV bias " : "", m->layers[0].q_norm.data ? "Q/K RMSNorm" : "");
+
+    uint64_t count_by_type[BLADE_TYPE_COUNT] = {0}, bytes_by_type[BLADE_TYPE_COUNT] = {0};
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        count_by_type[f->tensors[i].type]++;
+        bytes_by_type[f->tensors[i].type] += f->tensors[i].nbytes;
+    }
+    char buf[32];
+    printf("tensor types: ");
+    for (int t = 0; t < BLADE_TYPE_COUNT; t++)
+        if (count_by_type[t]) {
+            human_bytes(buf, sizeof buf, (double)bytes_by_type[t]);
+            printf(" %s x %llu (%s)", blade_type_traits_get((uint32_t)t)->name,
+                   (unsigned long long)count_by_type[t], buf);
+        }
+    printf("\n");
+    human_bytes(buf, sizeof buf, (double)m->weight_bytes);
+    printf("parameters:    %llu (%.3f M)\n", (unsigned long long)m->n_params, m->n_params / 1e6);
+    printf("weight bytes:  %llu (%s, %.2f bits per parameter)\n", (unsigned long long)m->weight_bytes, buf,
+           8.0 * (double)m->weight_bytes / (double)(m->n_params ? m->n_params : 1));
+    printf("KV cache:\n");
+    print_kv_table(hp, "f16", 2);
+    print_kv_table(hp, "f32", 4);
+    if (list_tensors) {
+        printf("tensors:\n");
+        for (uint64_t i = 0; i < f->n_tensors; i++) {
+            const gguf_tensor *t = &f->tensors[i];
+            printf("  %-40s %-6s [%lld", t->name, blade_type_traits_get(t->type)->name, (long long)t->ne[0]);
+            for (uint32_t d = 1; d < t->n_dims; d++)
+                printf(", %lld", (long long)t->ne[d]);
+            printf("] %zu bytes\n", t->nbytes);
+        }
+    }
+    blade_model_free(m);
+    return 0;
+}

@@ -1,0 +1,14 @@
+#ifndef BLADE_CLI_COMMANDS_H
+#define BLADE_CLI_COMMANDS_H
+
+/* One function per `blade SUBCOMMAND`; argv[0] is the subcommand name. Each returns the
+ * process exit status and handles its own --help. */
+
+int cmd_run(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
+
+#endif

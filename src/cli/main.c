@@ -1,0 +1,45 @@
+#include "cli/commands.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"run", cmd_run, "generate text from a prompt, streaming it as it is produced"},
+    {"info", cmd_info, "describe a model: shapes, tensor types, parameters, KV cache arithmetic"},
+    {"convert", cmd_convert, "import a llama2.c checkpoint into a GGUF file"},
+    {"perplexity", cmd_perplexity, "measure perplexity on a text file (llama.cpp method)"},
+    {"tokenize", cmd_tokenize, "show how a model's tokenizer splits text"},
+    {"synth", cmd_synth, "write a random-weight GGUF of a real model's shape"},
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "blade: LLM inference engine\n\nusage: blade SUBCOMMAND [options]\n\nsubcommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\n`blade SUBCOMMAND --help` describes every flag of a subcommand.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "blade: unknown subcommand '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

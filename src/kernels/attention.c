@@ -1,0 +1,233 @@
+#include "blade/attention.h"
+
+#include "blade/kernels.h"
+#include "blade/types.h"
+
+#include "attention_internal.h"
+
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+/* ---- scalar path ----
+ * Also the reference the SIMD paths are tested against. Its inner loops run lane-wise
+ * over keys or over head_dim, so a vectorizing compiler speeds them up without changing
+ * any result. */
+
+static float exp_scalar(float x)
+{
+    if (x < ATTN_EXP_MIN)
+        return 0.0f;
+    if (isnan(x))
+        return x;
+    /* x <= 0, so truncating x * log2(e) - 0.5 toward zero rounds to nearest. */
+    int n = (int)(x * ATTN_LOG2E - 0.5f);
+    float fn = (float)n;
+    float r = x - fn * ATTN_LN2_HI;
+    r = r - fn * ATTN_LN2_LO;
+    float y = ATTN_C7;
+    y = y * r + ATTN_C6;
+    y = y * r + ATTN_C5;
+    y = y * r + ATTN_C4;
+    y = y * r + ATTN_C3;
+    y = y * r + ATTN_C2;
+    y = y * r + 1.0f;
+    y = y * r + 1.0f;
+    uint32_t bits = (uint32_t)(n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return y * scale;
+}
+
+static float load_elem(blade_kv_type type, const uint8_t *src, size_t i)
+{
+    switch (type) {
+    case BLADE_KV_F16:
+        return blade_fp16_to_fp32(((const uint16_t *)src)[i]);
+    case BLADE_KV_BF16:
+        return blade_bf16_to_fp32(((const uint16_t *)src)[i]);
+    case BLADE_KV_F32:
+        break;
+    }
+    return ((const float *)src)[i];
+}
+
+static void load_kt_scalar(blade_kv_type type, const uint8_t *src, float *kt, int32_t block_size, int32_t head_dim,
+                           int32_t bp)
+{
+    for (int32_t j = 0; j < block_size; j++)
+        for (int32_t d = 0; d < head_dim; d++)
+            kt[(size_t)d * (size_t)bp + (size_t)j] = load_elem(type, src, (size_t)j * (size_t)head_dim + (size_t)d);
+}
+
+static void load_v_scalar(blade_kv_type type, const uint8_t *src, float *dst, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = load_elem(type, src, i);
+}
+
+static void row_scalar(const attn_tile *t, const float *q, float *o, int32_t nv, float *m, float *l)
+{
+    const int32_t hd = t->head_dim;
+    float *p = t->p, *acc = t->acc;
+
+    for (int32_t j = 0; j < nv; j++)
+        p[j] = 0.0f;
+    for (int32_t d = 0; d < hd; d++) {
+        const float qd = q[d], *k = t->kt + (size_t)d * (size_t)t->bp;
+        for (int32_t j = 0; j < nv; j++)
+            p[j] += qd * k[j];
+    }
+    float m_tile = -INFINITY;
+    for (int32_t j = 0; j < nv; j++) {
+        p[j] *= t->scale;
+        m_tile = p[j] > m_tile ? p[j] : m_tile;
+    }
+    const float m_new = t->first || m_tile > *m ? m_tile : *m;
+    float sum = 0.0f;
+    for (int32_t j = 0; j < nv; j++) {
+        p[j] = exp_scalar(p[j] - m_new);
+        sum += p[j];
+    }
+
+    for (int32_t d = 0; d < hd; d++)
+        acc[d] = 0.0f;
+    for (int32_t j = 0; j < nv; j++) {
+        const float pj = p[j], *v = t->v + (size_t)j * (size_t)hd;
+        for (int32_t d = 0; d < hd; d++)
+            acc[d] += pj * v[d];
+    }
+    if (t->first) {
+        memcpy(o, acc, (size_t)hd * sizeof *o);
+        *l = sum;
+    } else {
+        const float alpha = exp_scalar(*m - m_new);
+        for (int32_t d = 0; d < hd; d++)
+            o[d] = o[d] * alpha + acc[d];
+        *l = *l * alpha + sum;
+    }
+    *m = m_new;
+}
+
+static const attn_isa attn_scalar = {1, load_kt_scalar, load_v_scalar, row_scalar};
+
+/* ---- driver ---- */
+
+static size_t round16(size_t n)
+{
+    return (n + 15) / 16 * 16;
+}
+
+/* Scratch regions, in floats; each rounded to 16 floats so every region stays 64-byte
+ * aligned once the base is. */
+typedef struct scratch_layout {
+    size_t kt, v, p, acc, ml;
+} scratch_layout;
+
+static scratch_layout layout(const blade_kv_store *kv, int32_t n_q, int32_t n_head)
+{
+    size_t hd = (size_t)kv->head_dim, bp = round16((size_t)kv->block_size);
+    size_t group = (size_t)(n_head / kv->n_head_kv);
+    return (scratch_layout){
+        .kt = round16(hd * bp),
+        .v = round16((size_t)kv->block_size * hd),
+        .p = bp,
+        .acc = round16(hd),
+        .ml = round16((size_t)n_q * group),
+    };
+}
+
+size_t blade_attention_scratch_bytes(const blade_kv_store *kv, int32_t n_q, int32_t n_head)
+{
+    scratch_layout s = layout(kv, n_q, n_head);
+    return (s.kt + s.v + s.p + s.acc + 2 * s.ml) * sizeof(float) + 64;
+}
+
+static const attn_isa *pick_isa(int32_t head_dim)
+{
+    blade_isa isa = blade_isa_active();
+#if defined(__x86_64__)
+    if (isa == BLADE_ISA_AVX512 && head_dim % blade_attn_avx512.lanes == 0)
+        return &blade_attn_avx512;
+    if (isa >= BLADE_ISA_AVX2 && head_dim % blade_attn_avx2.lanes == 0)
+        return &blade_attn_avx2;
+#else
+    (void)isa;
+    (void)head_dim;
+#endif
+    return &attn_scalar;
+}
+
+void blade_attention(const blade_attention_args *a)
+{
+    const blade_kv_store *kv = a->kv;
+    assert(a->n_head > 0 && a->n_head % kv->n_head_kv == 0);
+    assert(a->kv_head_begin >= 0 && a->kv_head_end <= kv->n_head_kv && a->pos0 >= 0);
+    if (a->n_q <= 0 || a->kv_head_begin >= a->kv_head_end)
+        return;
+
+    const int32_t hd = kv->head_dim, bs = kv->block_size, group = a->n_head / kv->n_head_kv;
+    const attn_isa *isa = pick_isa(hd);
+    const attn_isa *kt_loader = bs % isa->lanes == 0 ? isa : &attn_scalar;
+
+    scratch_layout sl = layout(kv, a->n_q, a->n_head);
+    float *base = (float *)(((uintptr_t)a->scratch + 63) & ~(uintptr_t)63);
+    float *kt = base, *vbuf = kt + sl.kt;
+    float *m = vbuf + sl.v + sl.p + sl.acc, *l = m + sl.ml;
+    attn_tile tile = {
+        .kt = kt,
+        .p = vbuf + sl.v,
+        .acc = vbuf + sl.v + sl.p,
+        .head_dim = hd,
+        .bp = (int32_t)round16((size_t)bs),
+        .scale = a->scale,
+    };
+    /* Key lanes past block_size are masked off, but they are still read, so they must not
+     * be uninitialized memory. */
+    if (tile.bp != bs)
+        memset(kt, 0, sl.kt * sizeof *kt);
+
+    const int32_t last = a->pos0 + a->n_q - 1;
+    const int32_t n_blocks = last / bs + 1;
+    for (int32_t kvh = a->kv_head_begin; kvh < a->kv_head_end; kvh++) {
+        const int32_t h0 = kvh * group;
+        for (int32_t b = 0; b < n_blocks; b++) {
+            const int32_t t0 = b * bs, phys = a->block_table[b];
+            const int32_t n_slots = last + 1 - t0 < bs ? last + 1 - t0 : bs;
+            /* All keys of the block, including slots no query of this call may see: it
+             * keeps the converted tile independent of the call, and those lanes are
+             * masked out of every score. */
+            kt_loader->load_kt(kv->type, blade_kv_k(kv, a->layer, phys, kvh), kt, bs, hd, tile.bp);
+            const uint8_t *v = blade_kv_v(kv, a->layer, phys, kvh);
+            if (kv->type == BLADE_KV_F32) {
+                tile.v = (const float *)v;
+            } else {
+                isa->load_v(kv->type, v, vbuf, (size_t)n_slots * (size_t)hd);
+                tile.v = vbuf;
+            }
+            tile.first = b == 0;
+
+            /* Queries before this block have finished; the rest see it up to their own
+             * position, so each one's sequence of tiles depends on its position alone. */
+            for (int32_t i = t0 > a->pos0 ? t0 - a->pos0 : 0; i < a->n_q; i++) {
+                const int32_t seen = a->pos0 + i - t0 + 1;
+                const int32_t n_valid = seen < bs ? seen : bs;
+                const float *q = a->q + (size_t)i * (size_t)a->q_stride + (size_t)h0 * (size_t)hd;
+                float *o = a->out + (size_t)i * (size_t)a->out_stride + (size_t)h0 * (size_t)hd;
+                for (int32_t g = 0; g < group; g++) {
+                    size_t st = (size_t)i * (size_t)group + (size_t)g;
+                    isa->row(&tile, q + (size_t)g * (size_t)hd, o + (size_t)g * (size_t)hd, n_valid, &m[st],
+                             &l[st]);
+                }
+            }
+        }
+        for (int32_t i = 0; i < a->n_q; i++) {
+            float *o = a->out + (size_t)i * (size_t)a->out_stride + (size_t)h0 * (size_t)hd;
+            for (int32_t g = 0; g < group; g++) {
+                const float sum = l[(size_t)i * (size_t)group + (size_t)g];
+                for (int32_t d = 0; d < hd; d++)
+                    o[(size_t)g * (size_t)hd + (size_t)d] /= sum;
+            }
+        }
+    }
+}

@@ -1,0 +1,64 @@
+#ifndef BLADE_ATTENTION_INTERNAL_H
+#define BLADE_ATTENTION_INTERNAL_H
+
+/* What the ISA paths of blade_attention share. attention.c owns the loop order (KV head,
+ * then block, then query, then query head), which is what batch invariance rests on; an
+ * ISA path supplies the tile conversions and the update of one (query, head) by one tile.
+ *
+ * A tile is one store block of one KV head, converted to f32: keys transposed to
+ * [head_dim][bp] (bp = block_size rounded up to 16) so that the scores of a query against
+ * all keys of the tile are a lane-wise multiply-add over head_dim, never a horizontal sum
+ * whose shape could depend on anything but the query; values as [slot][head_dim]. */
+
+#include "blade/kv_store.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct attn_tile {
+    const float *kt; /* [head_dim][bp] */
+    const float *v;  /* [slot][head_dim] */
+    float *p;        /* bp floats: scores, then probabilities */
+    float *acc;      /* head_dim floats, for paths that accumulate in memory */
+    int32_t head_dim;
+    int32_t bp;
+    float scale;
+    bool first; /* block 0: no running state to rescale yet */
+} attn_tile;
+
+typedef struct attn_isa {
+    /* head_dim must be a multiple of this for the path to be used; load_kt additionally
+     * needs block_size to be one (attention.c falls back to the scalar load otherwise). */
+    int32_t lanes;
+    /* All block_size keys of a block (src: [slot][head_dim] of `type`) into kt. */
+    void (*load_kt)(blade_kv_type type, const uint8_t *src, float *kt, int32_t block_size, int32_t head_dim,
+                    int32_t bp);
+    /* n elements of `type` (f16 or bf16) to f32; n is a multiple of lanes. */
+    void (*load_v)(blade_kv_type type, const uint8_t *src, float *dst, size_t n);
+    /* Online-softmax update of one (query, head) by the tile's first n_valid keys: running
+     * max *m and sum *l, unnormalized output o[head_dim]. */
+    void (*row)(const attn_tile *t, const float *q, float *o, int32_t n_valid, float *m, float *l);
+} attn_isa;
+
+#if defined(__x86_64__)
+extern const attn_isa blade_attn_avx2;
+extern const attn_isa blade_attn_avx512;
+#endif
+
+/* exp(x) for x <= 0 (or NaN): argument reduction to r in [-ln2/2, ln2/2] and the degree-7
+ * Taylor polynomial, whose truncation error (r^8/8! < 6e-9) is below float rounding.
+ * Results under e^-87 flush to 0, which the callers' sums cannot notice. Shared constants
+ * keep the ISA paths' versions the same function. */
+#define ATTN_EXP_MIN (-87.0f)
+#define ATTN_LOG2E 1.44269504088896341f
+#define ATTN_LN2_HI 0.693359375f /* 355/512: n * ATTN_LN2_HI is exact for |n| < 2^15 */
+#define ATTN_LN2_LO (-2.12194440054690583e-4f)
+#define ATTN_C2 (1.0f / 2)
+#define ATTN_C3 (1.0f / 6)
+#define ATTN_C4 (1.0f / 24)
+#define ATTN_C5 (1.0f / 120)
+#define ATTN_C6 (1.0f / 720)
+#define ATTN_C7 (1.0f / 5040)
+
+#endif

@@ -1,0 +1,265 @@
+#include "blade/model.h"
+
+#include "blade/types.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Limits far above any real model; they exist so that hostile metadata cannot drive size
+ * arithmetic into overflow before the tensor shapes are cross-checked. */
+#define MAX_DIM (1 << 20)
+#define MAX_LAYERS 4096
+
+static const char *const arch_names[] = {"llama", "qwen2", "qwen3"};
+
+const char *blade_arch_name(blade_arch a)
+{
+    return arch_names[a];
+}
+
+uint64_t blade_kv_bytes_per_token(const blade_hparams *hp, size_t bytes_per_element)
+{
+    return 2ull * (uint64_t)hp->n_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim *
+           bytes_per_element;
+}
+
+static int get_dim(const gguf_file *f, const char *arch, const char *suffix, bool required,
+                   int32_t fallback, int32_t *out, blade_error *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    uint64_t v;
+    bool present = false;
+    if (!gguf_get_u64(f, key, &v, &present, err)) {
+        if (present)
+            return -1;
+        if (required)
+            return blade_error_set(err, "missing metadata key %s", key);
+        *out = fallback;
+        return 0;
+    }
+    if (v == 0 || v > MAX_DIM)
+        return blade_error_set(err, "metadata %s = %llu is out of range (1..%d)", key,
+                               (unsigned long long)v, MAX_DIM);
+    *out = (int32_t)v;
+    return 0;
+}
+
+static int get_float(const gguf_file *f, const char *arch, const char *suffix, float fallback,
+                     float *out, blade_error *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    bool present = false;
+    if (!gguf_get_f32(f, key, out, &present, err)) {
+        if (present)
+            return -1;
+        *out = fallback;
+    }
+    return 0;
+}
+
+static int read_hparams(const gguf_file *f, blade_hparams *hp, blade_error *err)
+{
+    bool present = false;
+    char *arch = gguf_get_string(f, "general.architecture", &present, err);
+    if (!arch)
+        return present ? -1 : blade_error_set(err, "missing metadata key general.architecture");
+    int found = -1;
+    for (int i = 0; i < (int)(sizeof arch_names / sizeof arch_names[0]); i++)
+        if (!strcmp(arch, arch_names[i]))
+            found = i;
+    if (found < 0) {
+        blade_error_set(err, "architecture '%s' is not supported (supported: llama, qwen2, qwen3)", arch);
+        free(arch);
+        return -1;
+    }
+    free(arch);
+    hp->arch = (blade_arch)found;
+    hp->arch_name = arch_names[found];
+    const char *a = hp->arch_name;
+
+    if (get_dim(f, a, "embedding_length", true, 0, &hp->n_embd, err) ||
+        get_dim(f, a, "block_count", true, 0, &hp->n_layer, err) ||
+        get_dim(f, a, "feed_forward_length", true, 0, &hp->n_ff, err) ||
+        get_dim(f, a, "attention.head_count", true, 0, &hp->n_head, err) ||
+        get_dim(f, a, "attention.head_count_kv", false, hp->n_head, &hp->n_head_kv, err) ||
+        get_dim(f, a, "context_length", false, 2048, &hp->n_ctx_train, err))
+        return -1;
+    if (hp->n_layer > MAX_LAYERS)
+        return blade_error_set(err, "%s.block_count = %d exceeds %d", a, hp->n_layer, MAX_LAYERS);
+    if (hp->n_head % hp->n_head_kv != 0)
+        return blade_error_set(err, "%s.attention.head_count (%d) is not a multiple of head_count_kv (%d)",
+                               a, hp->n_head, hp->n_head_kv);
+    int32_t default_head_dim = hp->n_embd % hp->n_head == 0 ? hp->n_embd / hp->n_head : 0;
+    if (get_dim(f, a, "attention.key_length", default_head_dim == 0, default_head_dim, &hp->head_dim, err))
+        return -1;
+    int32_t v_len = 0;
+    if (get_dim(f, a, "attention.value_length", false, hp->head_dim, &v_len, err))
+        return -1;
+    if (v_len != hp->head_dim)
+        return blade_error_set(err, "%s.attention.value_length (%d) differs from key_length (%d); not supported",
+                               a, v_len, hp->head_dim);
+    if (get_dim(f, a, "rope.dimension_count", false, hp->head_dim, &hp->n_rot, err))
+        return -1;
+    if (hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
+        return blade_error_set(err, "%s.rope.dimension_count = %d must be even and at most the head size %d",
+                               a, hp->n_rot, hp->head_dim);
+    if (get_float(f, a, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->rms_eps, err) ||
+        get_float(f, a, "rope.freq_base", 10000.0f, &hp->rope_base, err))
+        return -1;
+    if (!(hp->rms_eps > 0.0f && hp->rms_eps < 1.0f))
+        return blade_error_set(err, "%s.attention.layer_norm_rms_epsilon = %g is out of range", a, hp->rms_eps);
+    if (!(hp->rope_base > 1.0f && hp->rope_base < 1e12f))
+        return blade_error_set(err, "%s.rope.freq_base = %g is out of range", a, hp->rope_base);
+
+    hp->rope_scale = 1.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    char *scaling = gguf_get_string(f, key, &present, err);
+    if (!scaling && present)
+        return -1;
+    float factor = 1.0f;
+    if (get_float(f, a, "rope.scaling.factor", 1.0f, &factor, err))
+        return -1;
+    if (scaling && strcmp(scaling, "none") != 0 && strcmp(scaling, "linear") != 0) {
+        blade_error_set(err, "%s = '%s' is not supported (supported: none, linear)", key, scaling);
+        free(scaling);
+        return -1;
+    }
+    bool linear = scaling ? !strcmp(scaling, "linear") : factor != 1.0f;
+    free(scaling);
+    if (linear) {
+        if (!(factor >= 1.0f && factor <= 1024.0f))
+            return blade_error_set(err, "%s.rope.scaling.factor = %g is out of range (1..1024)", a, factor);
+        hp->rope_scale = factor;
+    }
+    hp->rope_neox = hp->arch != BLADE_ARCH_LLAMA;
+    return 0;
+}
+
+/* Binds a weight by name and checks its shape. n_out == 0 marks a vector. */
+static int bind(const gguf_file *f, blade_weight *w, bool required, int64_t n_in, int64_t n_out,
+                blade_model *m, blade_error *err, const char *fmt, int layer)
+{
+    char name[128];
+    snprintf(name, sizeof name, fmt, layer);
+    const gguf_tensor *t = gguf_find_tensor(f, name);
+    memset(w, 0, sizeof *w);
+    if (!t)
+        return required ? blade_error_set(err, "missing tensor %s", name) : 0;
+    int64_t want_out = n_out ? n_out : 1;
+    uint32_t want_dims = n_out ? 2 : 1;
+    if (t->n_dims > want_dims || t->ne[0] != n_in || t->ne[1] != want_out || t->ne[2] != 1 || t->ne[3] != 1)
+        return blade_error_set(err, "tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+                               name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                               (long long)t->ne[3], (long long)n_in, (long long)want_out);
+    if (!n_out && t->type != BLADE_TYPE_F32)
+        return blade_error_set(err, "tensor %s is a %s vector; norms and biases must be F32", name,
+                               blade_type_traits_get(t->type) ? blade_type_traits_get(t->type)->name : "?");
+    /* A legal file may choose an alignment below 4; the kernels read F32 vectors and
+     * rows in place, so such data is refused rather than read misaligned. */
+    if ((uintptr_t)t->data % 4 != 0)
+        return blade_error_set(err, "tensor %s data is not 4-byte aligned (general.alignment %u)", name,
+                               f->alignment);
+    if (!blade_type_supported(t->type)) {
+        const blade_type_traits *tr = blade_type_traits_get(t->type);
+        return blade_error_set(err, "tensor %s has type %s, which blade cannot compute with yet", name,
+                               tr ? tr->name : "?");
+    }
+    w->data = t->data;
+    w->type = t->type;
+    w->n_in = n_in;
+    w->n_out = want_out;
+    m->n_params += t->n_elements;
+    m->weight_bytes += t->nbytes;
+    return 0;
+}
+
+static int bind_weights(blade_model *m, blade_error *err)
+{
+    const gguf_file *f = m->file;
+    const blade_hparams *hp = &m->hp;
+    int64_t d = hp->n_embd, q_dim = (int64_t)hp->n_head * hp->head_dim,
+            kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+
+    if (bind(f, &m->tok_embd, true, d, hp->n_vocab, m, err, "token_embd.weight", 0) ||
+        bind(f, &m->output_norm, true, d, 0, m, err, "output_norm.weight", 0) ||
+        bind(f, &m->output, false, d, hp->n_vocab, m, err, "output.weight", 0))
+        return -1;
+    m->hp.tied_embeddings = m->output.data == NULL;
+    if (m->hp.tied_embeddings)
+        m->output = m->tok_embd;
+
+    bool bias = hp->arch == BLADE_ARCH_QWEN2;
+    bool qk_norm = hp->arch == BLADE_ARCH_QWEN3;
+    for (int i = 0; i < hp->n_layer; i++) {
+        blade_layer *l = &m->layers[i];
+        if (bind(f, &l->attn_norm, true, d, 0, m, err, "blk.%d.attn_norm.weight", i) ||
+            bind(f, &l->wq, true, d, q_dim, m, err, "blk.%d.attn_q.weight", i) ||
+            bind(f, &l->wk, true, d, kv_dim, m, err, "blk.%d.attn_k.weight", i) ||
+            bind(f, &l->wv, true, d, kv_dim, m, err, "blk.%d.attn_v.weight", i) ||
+            bind(f, &l->wo, true, q_dim, d, m, err, "blk.%d.attn_output.weight", i) ||
+            bind(f, &l->bq, bias, q_dim, 0, m, err, "blk.%d.attn_q.bias", i) ||
+            bind(f, &l->bk, bias, kv_dim, 0, m, err, "blk.%d.attn_k.bias", i) ||
+            bind(f, &l->bv, bias, kv_dim, 0, m, err, "blk.%d.attn_v.bias", i) ||
+            bind(f, &l->q_norm, qk_norm, hp->head_dim, 0, m, err, "blk.%d.attn_q_norm.weight", i) ||
+            bind(f, &l->k_norm, qk_norm, hp->head_dim, 0, m, err, "blk.%d.attn_k_norm.weight", i) ||
+            bind(f, &l->ffn_norm, true, d, 0, m, err, "blk.%d.ffn_norm.weight", i) ||
+            bind(f, &l->ffn_gate, true, d, hp->n_ff, m, err, "blk.%d.ffn_gate.weight", i) ||
+            bind(f, &l->ffn_up, true, d, hp->n_ff, m, err, "blk.%d.ffn_up.weight", i) ||
+            bind(f, &l->ffn_down, true, hp->n_ff, d, m, err, "blk.%d.ffn_down.weight", i))
+            return -1;
+    }
+    return 0;
+}
+
+blade_model *blade_model_from_gguf(gguf_file *f, blade_error *err)
+{
+    blade_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        gguf_close(f);
+        blade_error_set(err, "out of memory");
+        return NULL;
+    }
+    m->file = f;
+    if (read_hparams(f, &m->hp, err))
+        goto fail;
+    m->tokenizer = blade_tokenizer_load(f, err);
+    if (!m->tokenizer)
+        goto fail;
+    m->hp.n_vocab = blade_tokenizer_n_vocab(m->tokenizer);
+    m->layers = calloc((size_t)m->hp.n_layer, sizeof *m->layers);
+    if (!m->layers) {
+        blade_error_set(err, "out of memory");
+        goto fail;
+    }
+    if (bind_weights(m, err))
+        goto fail;
+    return m;
+fail:
+    blade_model_free(m);
+    return NULL;
+}
+
+blade_model *blade_model_load(const char *path, blade_error *err)
+{
+    gguf_file *f = gguf_open(path, err);
+    if (!f)
+        return NULL;
+    blade_model *m = blade_model_from_gguf(f, err);
+    if (!m)
+        blade_error_prefix(err, "%s", path);
+    return m;
+}
+
+void blade_model_free(blade_model *m)
+{
+    if (!m)
+        return;
+    blade_tokenizer_free(m->tokenizer);
+    free(m->layers);
+    gguf_close(m->file);
+    free(m);
+}

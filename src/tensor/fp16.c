@@ -1,0 +1,96 @@
+#include "blade/types.h"
+
+#include <string.h>
+
+/* Conversions are done on the bit patterns rather than with the compiler's _Float16 or
+ * F16C instructions: results must be bit-identical on every host and compiler, and the
+ * rounding mode must be round-to-nearest-even regardless of the FPU environment. */
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static float f32_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+float blade_fp16_to_fp32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+
+    if (exp == 0x1f)
+        return f32_from_bits(sign | 0x7f800000u | (mant << 13));
+    if (exp == 0) {
+        /* Subnormal halves are mant * 2^-24, which fp32 represents exactly, so letting
+         * the FPU normalize avoids a bit-scan loop. */
+        float mag = (float)mant * 0x1p-24f;
+        return f32_from_bits(sign | f32_bits(mag));
+    }
+    return f32_from_bits(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+/* Rounds v / 2^shift to nearest, ties to even. shift is 1..31. */
+static uint32_t shift_round_even(uint32_t v, unsigned shift)
+{
+    uint32_t r = v >> shift;
+    uint32_t rem = v & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1u)))
+        r++;
+    return r;
+}
+
+uint16_t blade_fp32_to_fp16(float f)
+{
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t ax = x & 0x7fffffffu;
+
+    if (ax > 0x7f800000u) {
+        /* Keep the top payload bits and force the quiet bit so a signalling NaN whose
+         * payload lives only in the low 13 bits cannot turn into infinity. */
+        return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    }
+    /* 65520 is halfway between the largest half (65504, odd mantissa) and 2^16, so it
+     * and everything above rounds to infinity. */
+    if (ax >= 0x477ff000u)
+        return (uint16_t)(sign | 0x7c00u);
+    if (ax >= 0x38800000u) {
+        /* Normal result: rebias the exponent and round the 13 dropped mantissa bits; a
+         * carry out of the mantissa correctly bumps the exponent. */
+        return (uint16_t)(sign | shift_round_even(ax - (112u << 23), 13));
+    }
+    uint32_t exp = ax >> 23;
+    /* Below 2^-25 (half the smallest subnormal) everything rounds to zero; exactly 2^-25
+     * is a tie that goes to the even value, zero, which the general path also yields. */
+    if (exp < 102)
+        return sign;
+    /* Subnormal result in units of 2^-24: the full 24-bit significand scaled down.
+     * Rounding up from the largest subnormal lands on the smallest normal, 0x0400. */
+    uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
+    return (uint16_t)(sign | shift_round_even(mant, 126u - exp));
+}
+
+float blade_bf16_to_fp32(uint16_t h)
+{
+    return f32_from_bits((uint32_t)h << 16);
+}
+
+uint16_t blade_fp32_to_bf16(float f)
+{
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u);
+    /* Adding 0x7fff plus the lowest kept bit rounds to nearest even; overflow of the
+     * largest finite values carries into the exponent and produces infinity, as IEEE
+     * rounding requires. */
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}

@@ -1,0 +1,99 @@
+#include "testutil.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char *join(const char *a, const char *b)
+{
+    size_t n = strlen(a) + strlen(b) + 2;
+    char *p = malloc(n);
+    snprintf(p, n, "%s/%s", a, b);
+    return p;
+}
+
+char *shared_path(const char *rel)
+{
+    const char *dir = getenv("BLADE_SHARED_DIR");
+    return join(dir && *dir ? dir : BLADE_SHARED_DIR, rel);
+}
+
+char *require_shared(const char *rel)
+{
+    char *p = shared_path(rel);
+    if (access(p, R_OK) != 0) {
+        fprintf(stderr, "shared file %s not found; skipping\n", p);
+        free(p);
+        skip();
+    }
+    return p;
+}
+
+char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            cap *= 2;
+            buf = realloc(buf, cap + 1);
+        }
+    }
+    fclose(f);
+    buf[n] = 0;
+    if (len)
+        *len = n;
+    return buf;
+}
+
+int write_file(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    size_t w = fwrite(data, 1, len, f);
+    return (fclose(f) == 0 && w == len) ? 0 : -1;
+}
+
+char *temp_path(const char *name)
+{
+    mkdir(BLADE_TEST_TMPDIR, 0755);
+    return join(BLADE_TEST_TMPDIR, name);
+}
+
+int run_blade(const char *args, char **out, int merge_stderr)
+{
+    size_t n = strlen(BLADE_BINARY) + strlen(args) + 32;
+    char *cmd = malloc(n);
+    snprintf(cmd, n, "'%s' %s%s", BLADE_BINARY, args, merge_stderr ? " 2>&1" : " 2>/dev/null");
+    FILE *p = popen(cmd, "r");
+    free(cmd);
+    if (!p)
+        return -1;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    size_t got;
+    while ((got = fread(buf + len, 1, cap - len, p)) > 0) {
+        len += got;
+        if (len == cap) {
+            cap *= 2;
+            buf = realloc(buf, cap + 1);
+        }
+    }
+    buf[len] = 0;
+    int status = pclose(p);
+    if (out)
+        *out = buf;
+    else
+        free(buf);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}

@@ -1,0 +1,27 @@
+#ifndef BLADE_TESTUTIL_H
+#define BLADE_TESTUTIL_H
+
+/* Small helpers shared by the cmocka test programs. */
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+/* "<shared>/rel" in a static buffer per call site is error-prone, so this returns a
+ * malloc'd path; callers free it. */
+char *shared_path(const char *rel);
+/* Calls cmocka's skip() when the shared file is missing, so a checkout without ../shared
+ * still runs every self-contained test. Returns the malloc'd path otherwise. */
+char *require_shared(const char *rel);
+/* Whole file into a malloc'd, NUL-terminated buffer; NULL on failure. */
+char *read_file(const char *path, size_t *len);
+int write_file(const char *path, const void *data, size_t len);
+/* A fresh path under the build's test temp directory (created on demand); malloc'd. */
+char *temp_path(const char *name);
+/* Runs the blade binary with a shell-quoted argument string; returns its exit status
+ * and, if out is non-NULL, stdout (+ stderr when merge_stderr) as a malloc'd string. */
+int run_blade(const char *args, char **out, int merge_stderr);
+
+#endif
