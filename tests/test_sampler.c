@@ -299,6 +299,20 @@ static void test_presence_frequency(void **state)
     p.frequency_penalty = 5.0f;
     assert_int_equal(greedy_after(p, logits, 2, many, prompt, 5), 0);
 
+    /* They shift the sampled distribution too: presence ln 3 turns an even pair into
+     * 1 : 3. */
+    const float even[] = {0.0f, 0.0f};
+    blade_sampling_params warm = plain(1.0f, 70);
+    warm.presence_penalty = (float)log(3.0);
+    blade_sampler *s = make(&warm, 2);
+    blade_sampler_accept(s, 0, true);
+    int counts[2] = {0, 0};
+    for (int i = 0; i < N_DRAWS; i++)
+        counts[blade_sampler_sample(s, even)]++;
+    blade_sampler_free(s);
+    const double quarter[] = {0.25, 0.75};
+    assert_true(chi2(counts, quarter, 2) < chi2_crit[1]);
+
     /* Negative penalties (OpenAI allows them) encourage repetition. */
     const float other[] = {0.0f, 1.0f};
     const int32_t once[] = {0};
@@ -522,21 +536,73 @@ static void test_same_seed_same_sequence(void **state)
     blade_sampler_free(c);
 }
 
-static void test_golden_sequence(void **state)
+static void test_golden_sequences(void **state)
 {
     (void)state;
-    /* Pinned output for one seed: the same on every machine and compiler, so a change here
-     * means users' seeded requests would change. */
-    const float logits[] = {0.3f, -1.2f, 2.5f, 0.0f, 1.1f, -0.7f, 1.9f, 0.8f};
-    static const int32_t want[] = {0};
+    /* Pinned outputs: the same on every machine and compiler (the draws use no libm and
+     * no reduction of varying order), so a change here means users' seeded requests
+     * would change. Covers each path: top-k, unsorted, nucleus sort, min-p. */
+    const float small[] = {0.3f, -1.2f, 2.5f, 0.0f, 1.1f, -0.7f, 1.9f, 0.8f};
+    static const int32_t want_small[] = {2, 2, 3, 0, 6, 2, 6, 2, 6, 0, 2, 2,
+                                         2, 2, 2, 2, 3, 6, 6, 7, 2, 4, 0, 7};
     blade_sampling_params p = plain(0.9f, 20240611);
     p.top_k = 6;
     p.top_p = 0.97f;
     p.min_p = 0.02f;
     blade_sampler *s = make(&p, 8);
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
-        assert_int_equal(blade_sampler_sample(s, logits), want[i]);
+    for (size_t i = 0; i < sizeof want_small / sizeof want_small[0]; i++)
+        assert_int_equal(blade_sampler_sample(s, small), want_small[i]);
     blade_sampler_free(s);
+
+    enum { N = 5000 };
+    float *logits = malloc(N * sizeof *logits);
+    blade_rng r;
+    blade_rng_seed(&r, 31337);
+    for (int i = 0; i < N; i++)
+        logits[i] = (float)(blade_rng_uniform(&r) * 12.0 - 6.0);
+    static const int32_t want[3][8] = {
+        {3943, 385, 3363, 2262, 1066, 2138, 2196, 3739},
+        {1389, 1233, 4572, 2049, 4875, 26, 3864, 3823},
+        {4818, 3572, 1409, 907, 4477, 590, 4968, 3404},
+    };
+    for (int c = 0; c < 3; c++) {
+        p = plain(c == 2 ? 0.8f : 1.0f, 1000 + c);
+        if (c == 1)
+            p.top_p = 0.9f;
+        if (c == 2)
+            p.min_p = 0.05f;
+        s = make(&p, N);
+        for (int i = 0; i < 8; i++)
+            assert_int_equal(blade_sampler_sample(s, logits), want[c][i]);
+        blade_sampler_free(s);
+    }
+    free(logits);
+}
+
+static void test_ties_break_to_lower_id(void **state)
+{
+    (void)state;
+    /* Equal weights: top-k 2 and top-p 0.5 (cumulative 0.25, 0.5) both keep ids 0 and 1,
+     * whatever order a heap or sort visits them in. */
+    const float flat[] = {1.0f, 1.0f, 1.0f, 1.0f};
+    const double first_two[] = {0.5, 0.5, 0.0, 0.0};
+    int counts[4];
+    blade_sampling_params p = plain(1.0f, 90);
+    p.top_k = 2;
+    histogram(&p, flat, 4, counts);
+    assert_true(chi2(counts, first_two, 4) < chi2_crit[1]);
+    p = plain(1.0f, 91);
+    p.top_p = 0.5f;
+    histogram(&p, flat, 4, counts);
+    assert_true(chi2(counts, first_two, 4) < chi2_crit[1]);
+
+    /* -0 and +0 are the same logit. */
+    const float zeros[] = {-1.0f, -0.0f, 0.0f};
+    p = plain(1.0f, 92);
+    p.top_k = 1;
+    assert_int_equal(sample_once(&p, zeros, 3), 1);
+    const float zeros_swapped[] = {-1.0f, 0.0f, -0.0f};
+    assert_int_equal(sample_once(&p, zeros_swapped, 3), 1);
 }
 
 static void test_one_uniform_per_call(void **state)
@@ -628,7 +694,7 @@ static int by_key_desc(const void *a, const void *b)
 static void test_large_vocab(void **state)
 {
     (void)state;
-    enum { N = 262144, DRAWS = 300 };
+    enum { N = 262144, DRAWS = 64 };
     float *logits = malloc(N * sizeof *logits), *keys = malloc(N * sizeof *keys);
     int32_t *order = malloc(N * sizeof *order);
     bool *allowed = malloc(N);
@@ -683,6 +749,39 @@ static void test_large_vocab(void **state)
         }
         blade_sampler_free(s);
     }
+
+    /* A flat row puts about half the vocabulary in a 0.5 nucleus: the sort then handles
+     * a large set and must still cut exactly where the reference does. */
+    for (int32_t i = 0; i < N; i++) {
+        keys[i] = (float)(blade_rng_uniform(&r) * 2.0 - 1.0);
+        order[i] = i;
+    }
+    sort_keys = keys;
+    qsort(order, N, sizeof *order, by_key_desc);
+    max = keys[order[0]];
+    probs_sum = 0.0;
+    for (int32_t i = 0; i < N; i++)
+        probs_sum += exp(keys[i] - max);
+    memset(allowed, 0, N);
+    double cum = 0.0;
+    int32_t nucleus = 0;
+    while (cum < 0.5) {
+        allowed[order[nucleus]] = true;
+        cum += exp(keys[order[nucleus++]] - max) / probs_sum;
+    }
+    assert_true(nucleus > N / 4);
+    blade_sampling_params flat = plain(temperature, 305);
+    flat.top_p = 0.5f;
+    blade_sampler *fs = make(&flat, N);
+    int near_cut = 0;
+    for (int d = 0; d < DRAWS; d++) {
+        int32_t t = blade_sampler_sample(fs, keys);
+        assert_true(t >= 0 && t < N && allowed[t]);
+        near_cut += keys[t] < keys[order[nucleus * 9 / 10]];
+    }
+    /* The lightest tenth of the nucleus is drawn too, so the cut is not too early. */
+    assert_true(near_cut > 0);
+    blade_sampler_free(fs);
 
     /* With no filter the tail carries most of the mass, and draws land there. */
     blade_sampling_params p = plain(temperature, 310);
@@ -814,7 +913,8 @@ int main(void)
         cmocka_unit_test(test_top_k_top_p_min_p_exclude),
         cmocka_unit_test(test_temperature_scaling),
         cmocka_unit_test(test_same_seed_same_sequence),
-        cmocka_unit_test(test_golden_sequence),
+        cmocka_unit_test(test_golden_sequences),
+        cmocka_unit_test(test_ties_break_to_lower_id),
         cmocka_unit_test(test_one_uniform_per_call),
         cmocka_unit_test(test_inf_and_nan),
         cmocka_unit_test(test_large_vocab),

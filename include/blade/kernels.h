@@ -37,6 +37,8 @@ void blade_isa_set(blade_isa isa); /* ignored when unsupported */
  * Activations are first converted into the form the weight type's dot product wants
  * (e.g. int8 blocks with a scale for integer dot products), once per token row. */
 
+/* True for the weight types blade_matmul computes with. */
+bool blade_matmul_supported(uint32_t weight_type);
 /* Bytes of one converted activation row of n elements for weights of this type. */
 size_t blade_act_row_bytes(uint32_t weight_type, int64_t n);
 /* Converts one activation row (n floats) for weights of this type. */

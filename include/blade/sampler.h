@@ -10,8 +10,8 @@
  *   2. temperature 0 => greedy argmax (ties: lowest id) and stop here;
  *   3. top-k, 4. divide by temperature and softmax, 5. top-p (nucleus), 6. min-p
  *      (relative to the most likely token), 7. draw from what is left.
- * Top-k ties at the cut go to the lower id; top-p and min-p always keep the most likely
- * token, so something is left whenever any logit is finite. */
+ * Equal logits at a top-k or top-p cut go to the lower id; top-p and min-p always keep
+ * the most likely token, so something is left whenever any logit is finite. */
 
 #include "blade/error.h"
 
@@ -24,7 +24,7 @@ typedef struct blade_sampling_params {
     float top_p;             /* >= 1: off */
     float min_p;             /* <= 0: off */
     float repeat_penalty;    /* 1: off; llama.cpp semantics (divide positive logits, multiply negative) */
-    int32_t repeat_last_n;   /* window for repeat_penalty; -1 = everything seen */
+    int32_t repeat_last_n;   /* window for repeat_penalty; -1 = everything seen, 0 = none */
     float presence_penalty;  /* 0: off; subtracted once per distinct generated token */
     float frequency_penalty; /* 0: off; subtracted per occurrence in generated tokens */
     uint64_t seed;
@@ -39,8 +39,8 @@ int blade_sampling_params_validate(const blade_sampling_params *p, blade_error *
 
 typedef struct blade_sampler blade_sampler;
 
-/* NULL when p is invalid, n_vocab <= 0 or memory runs out. All scratch is allocated here;
- * accept and sample never allocate. */
+/* NULL when p is invalid, n_vocab <= 0 or memory runs out. All scratch (36 bytes per
+ * vocabulary entry) is allocated here; accept and sample never allocate. */
 blade_sampler *blade_sampler_new(const blade_sampling_params *p, int32_t n_vocab);
 void blade_sampler_free(blade_sampler *s);
 /* Records a token of the context: prompt tokens (generated = false) count only for the

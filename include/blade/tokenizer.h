@@ -54,7 +54,8 @@ const char *blade_tokenizer_token_text(const blade_tokenizer *t, int32_t id);
 int32_t blade_tokenizer_find(const blade_tokenizer *t, const char *text, size_t len);
 
 /* Encodes text (len bytes, need not be NUL-terminated). *tokens is malloc'd; caller frees.
- * Invalid UTF-8 is not an error: it is tokenized byte by byte like the references do. */
+ * Invalid UTF-8 is not an error: its bytes become byte tokens (SPM) or byte-alphabet
+ * characters (BPE), so the tokens' bytes always reproduce the input exactly. */
 int blade_tokenizer_encode(const blade_tokenizer *t, const char *text, size_t len, bool add_bos,
                            bool parse_special, int32_t **tokens, size_t *n_tokens, blade_error *err);
 

@@ -234,6 +234,8 @@ int cmd_run(int argc, char **argv)
                         o.n_predict, n_ctx);
         goto done;
     }
+    if (blade_sampling_params_validate(&o.sampling, &err))
+        goto done;
     sampler = blade_sampler_new(&o.sampling, m->hp.n_vocab);
     size_t cap = blade_tokenizer_max_token_bytes(m->tokenizer) + 16;
     text = malloc(cap);
@@ -258,6 +260,10 @@ int cmd_run(int argc, char **argv)
     int32_t pos = (int32_t)n_prompt;
     while (n_gen < o.n_predict) {
         int32_t next = blade_sampler_sample(sampler, blade_forward_logits(fw));
+        if (next < 0) {
+            blade_error_set(&err, "the model produced no usable logits (all NaN or -inf) at position %d", pos);
+            goto done;
+        }
         n_gen++;
         if (!o.ignore_eos && blade_tokenizer_is_eog(m->tokenizer, next))
             break;

@@ -124,7 +124,11 @@ int cmd_tokenize(int argc, char **argv)
     int32_t *ids = NULL;
     size_t n = 0;
     gguf_file *gf = gguf_open(model_path, &err);
-    if (!gf || !(tok = blade_tokenizer_load(gf, &err)) ||
+    if (!gf) {
+        fprintf(stderr, "error: %s\n", err.msg); /* the reader's messages name the file */
+        goto done;
+    }
+    if (!(tok = blade_tokenizer_load(gf, &err)) ||
         blade_tokenizer_encode(tok, text, len, !no_bos && blade_tokenizer_wants_bos(tok), parse_special, &ids, &n,
                                &err)) {
         fprintf(stderr, "error: %s: %s\n", model_path, err.msg);

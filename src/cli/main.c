@@ -16,6 +16,7 @@ static const command commands[] = {
     {"perplexity", cmd_perplexity, "measure perplexity on a text file (llama.cpp method)"},
     {"tokenize", cmd_tokenize, "show how a model's tokenizer splits text"},
     {"synth", cmd_synth, "write a random-weight GGUF of a real model's shape"},
+    {"bench", cmd_bench, "measure prompt processing, generation and batched decode speed"},
 };
 
 static void usage(FILE *out)

@@ -18,6 +18,7 @@ static float exp_scalar(float x)
 {
     if (x < ATTN_EXP_MIN)
         return 0.0f;
+    /* Converting NaN to int would be undefined. */
     if (isnan(x))
         return x;
     /* x <= 0, so truncating x * log2(e) - 0.5 toward zero rounds to nearest. */
@@ -68,21 +69,26 @@ static void load_v_scalar(blade_kv_type type, const uint8_t *src, float *dst, si
 
 static void row_scalar(const attn_tile *t, const float *q, float *o, int32_t nv, float *m, float *l)
 {
+    _Static_assert(ATTN_ROWS >= 4, "the scalar path keeps four score chains in the rows' p space");
     const int32_t hd = t->head_dim;
+    const size_t bp = (size_t)t->bp;
     float *p = t->p, *acc = t->acc;
 
-    for (int32_t j = 0; j < nv; j++)
+    /* The same four chains over d mod 4 as the SIMD paths, so that all paths round the
+     * scores alike; p holds the chains side by side. */
+    for (size_t j = 0; j < 4 * bp; j++)
         p[j] = 0.0f;
     for (int32_t d = 0; d < hd; d++) {
-        const float qd = q[d], *k = t->kt + (size_t)d * (size_t)t->bp;
+        const float qd = q[d], *k = t->kt + (size_t)d * bp;
+        float *c = p + (size_t)(d & 3) * bp;
         for (int32_t j = 0; j < nv; j++)
-            p[j] += qd * k[j];
+            c[j] += qd * k[j];
     }
+    for (int32_t j = 0; j < nv; j++)
+        p[j] = ((p[j] + p[bp + j]) + (p[2 * bp + j] + p[3 * bp + j])) * t->scale;
     float m_tile = -INFINITY;
-    for (int32_t j = 0; j < nv; j++) {
-        p[j] *= t->scale;
+    for (int32_t j = 0; j < nv; j++)
         m_tile = p[j] > m_tile ? p[j] : m_tile;
-    }
     const float m_new = t->first || m_tile > *m ? m_tile : *m;
     float sum = 0.0f;
     for (int32_t j = 0; j < nv; j++) {
@@ -109,7 +115,13 @@ static void row_scalar(const attn_tile *t, const float *q, float *o, int32_t nv,
     *m = m_new;
 }
 
-static const attn_isa attn_scalar = {1, load_kt_scalar, load_v_scalar, row_scalar};
+static void rows_scalar(const attn_tile *t, const attn_row *r, int n)
+{
+    for (int i = 0; i < n; i++)
+        row_scalar(t, r[i].q, r[i].o, r[i].n_valid, r[i].m, r[i].l);
+}
+
+static const attn_isa attn_scalar = {1, load_kt_scalar, load_v_scalar, rows_scalar};
 
 /* ---- driver ---- */
 
@@ -131,7 +143,7 @@ static scratch_layout layout(const blade_kv_store *kv, int32_t n_q, int32_t n_he
     return (scratch_layout){
         .kt = round16(hd * bp),
         .v = round16((size_t)kv->block_size * hd),
-        .p = bp,
+        .p = ATTN_ROWS * bp,
         .acc = round16(hd),
         .ml = round16((size_t)n_q * group),
     };
@@ -141,6 +153,15 @@ size_t blade_attention_scratch_bytes(const blade_kv_store *kv, int32_t n_q, int3
 {
     scratch_layout s = layout(kv, n_q, n_head);
     return (s.kt + s.v + s.p + s.acc + 2 * s.ml) * sizeof(float) + 64;
+}
+
+static void prefetch_block(const blade_kv_store *kv, int32_t layer, int32_t block, int32_t head)
+{
+    const uint8_t *k = blade_kv_k(kv, layer, block, head), *v = blade_kv_v(kv, layer, block, head);
+    for (size_t off = 0; off < kv->head_stride; off += 64) {
+        __builtin_prefetch(k + off);
+        __builtin_prefetch(v + off);
+    }
 }
 
 static const attn_isa *pick_isa(int32_t head_dim)
@@ -206,20 +227,36 @@ void blade_attention(const blade_attention_args *a)
                 tile.v = vbuf;
             }
             tile.first = b == 0;
+            /* Blocks are scattered, so the hardware prefetcher cannot guess the next one;
+             * asking for it now hides the memory latency behind this tile's work. */
+            if (b + 1 < n_blocks)
+                prefetch_block(kv, a->layer, a->block_table[b + 1], kvh);
 
             /* Queries before this block have finished; the rest see it up to their own
              * position, so each one's sequence of tiles depends on its position alone. */
+            attn_row batch[ATTN_ROWS];
+            int n_batch = 0;
             for (int32_t i = t0 > a->pos0 ? t0 - a->pos0 : 0; i < a->n_q; i++) {
                 const int32_t seen = a->pos0 + i - t0 + 1;
-                const int32_t n_valid = seen < bs ? seen : bs;
                 const float *q = a->q + (size_t)i * (size_t)a->q_stride + (size_t)h0 * (size_t)hd;
                 float *o = a->out + (size_t)i * (size_t)a->out_stride + (size_t)h0 * (size_t)hd;
                 for (int32_t g = 0; g < group; g++) {
                     size_t st = (size_t)i * (size_t)group + (size_t)g;
-                    isa->row(&tile, q + (size_t)g * (size_t)hd, o + (size_t)g * (size_t)hd, n_valid, &m[st],
-                             &l[st]);
+                    batch[n_batch++] = (attn_row){
+                        .q = q + (size_t)g * (size_t)hd,
+                        .o = o + (size_t)g * (size_t)hd,
+                        .m = &m[st],
+                        .l = &l[st],
+                        .n_valid = seen < bs ? seen : bs,
+                    };
+                    if (n_batch == ATTN_ROWS) {
+                        isa->rows(&tile, batch, n_batch);
+                        n_batch = 0;
+                    }
                 }
             }
+            if (n_batch > 0)
+                isa->rows(&tile, batch, n_batch);
         }
         for (int32_t i = 0; i < a->n_q; i++) {
             float *o = a->out + (size_t)i * (size_t)a->out_stride + (size_t)h0 * (size_t)hd;

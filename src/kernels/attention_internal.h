@@ -3,7 +3,8 @@
 
 /* What the ISA paths of blade_attention share. attention.c owns the loop order (KV head,
  * then block, then query, then query head), which is what batch invariance rests on; an
- * ISA path supplies the tile conversions and the update of one (query, head) by one tile.
+ * ISA path supplies the tile conversions and the online-softmax update of (query, query
+ * head) rows by one tile.
  *
  * A tile is one store block of one KV head, converted to f32: keys transposed to
  * [head_dim][bp] (bp = block_size rounded up to 16) so that the scores of a query against
@@ -16,10 +17,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Rows (query, query head) are handed to the ISA path in batches of up to this many, so
+ * that it can overlap their dependency chains; every row's arithmetic is the same
+ * whatever batch it is in. */
+#define ATTN_ROWS 8
+
+typedef struct attn_row {
+    const float *q;  /* [head_dim] */
+    float *o;        /* [head_dim], unnormalized running output */
+    float *m, *l;    /* running max and sum */
+    int32_t n_valid; /* keys of the tile the query sees */
+} attn_row;
+
 typedef struct attn_tile {
     const float *kt; /* [head_dim][bp] */
     const float *v;  /* [slot][head_dim] */
-    float *p;        /* bp floats: scores, then probabilities */
+    float *p;        /* ATTN_ROWS * bp floats: per row scores, then probabilities */
     float *acc;      /* head_dim floats, for paths that accumulate in memory */
     int32_t head_dim;
     int32_t bp;
@@ -36,9 +49,8 @@ typedef struct attn_isa {
                     int32_t bp);
     /* n elements of `type` (f16 or bf16) to f32; n is a multiple of lanes. */
     void (*load_v)(blade_kv_type type, const uint8_t *src, float *dst, size_t n);
-    /* Online-softmax update of one (query, head) by the tile's first n_valid keys: running
-     * max *m and sum *l, unnormalized output o[head_dim]. */
-    void (*row)(const attn_tile *t, const float *q, float *o, int32_t n_valid, float *m, float *l);
+    /* Online-softmax update of each row by the tile's first n_valid keys. */
+    void (*rows)(const attn_tile *t, const attn_row *r, int n);
 } attn_isa;
 
 #if defined(__x86_64__)

@@ -19,13 +19,15 @@ uint64_t blade_rng_next(blade_rng *r);
 /* Uniform in [0, 1) with 53 random bits. */
 double blade_rng_uniform(blade_rng *r);
 
-/* e^x for x <= 0 to about 1e-15 relative, with results below e^-708 returned as 0.
+/* e^x for x <= 0 within 3e-15 relative, with results below e^-708 returned as 0.
  * libm's exp may round differently from one implementation to the next, which would move
  * a draw that lands near a bucket boundary. Inline because the sampler calls it once per
  * candidate, up to the whole vocabulary per token.
  *
  * Every multiply and add sits in its own statement: C lets a compiler fuse a*b+c written
- * as one expression into an FMA (clang does on arm64), which rounds differently. */
+ * as one expression into an FMA (clang does on arm64), which rounds differently. GCC
+ * fuses across statements too, but only outside ISO mode (-std=gnu*); blade builds with
+ * -std=c11. */
 static inline double blade_exp_nonpos(double x)
 {
     /* x = n ln2/32 + r with |r| <= ln2/64, e^x = 2^(n/32) e^r. ln 2 is split Cody-Waite

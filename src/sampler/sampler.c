@@ -17,10 +17,10 @@ typedef uint64_t cand_key;
 /* Scratch whose two uses never overlap in time: the second buffer of the radix sort, then
  * each candidate's weight (probability relative to the most likely candidate, which has
  * exactly 1, so min-p needs no division). */
-typedef union aux {
+typedef union aux_slot {
     cand_key key;
     double w;
-} aux;
+} aux_slot;
 
 struct blade_sampler {
     blade_sampling_params p;
@@ -37,7 +37,7 @@ struct blade_sampler {
     uint64_t n_accepted;
     float *logits; /* the row after sanitizing and penalties */
     cand_key *keys;
-    aux *aux;
+    aux_slot *aux;
 };
 
 void blade_sampling_params_default(blade_sampling_params *p)
@@ -280,7 +280,7 @@ static size_t gather_finite(const float *logits, int32_t n_vocab, cand_key *keys
 /* Stable LSD radix sort on the high halves (the logit order), O(m) whatever the
  * distribution. The ids need no pass of their own: keys arrive in ascending id order and
  * stability keeps equal logits that way. */
-static void sort_keys(cand_key *keys, aux *spare, size_t m)
+static void sort_keys(cand_key *keys, aux_slot *spare, size_t m)
 {
     uint32_t count[4][256] = {{0}};
     for (size_t i = 0; i < m; i++)
@@ -314,71 +314,92 @@ static void sort_keys(cand_key *keys, aux *spare, size_t m)
             keys[i] = spare[i].key;
 }
 
-/* Weights relative to the most likely candidate into aux[i].w. Candidates whose weight
- * underflows to zero are dropped (order kept): they could otherwise be picked when
- * rounding pushes a draw past the last bucket. Returns the new count. */
-static size_t softmax(const float *logits, cand_key *keys, aux *aux, size_t m, double temperature)
+/* Weights relative to the most likely candidate into aux[i].w, their sum into *total.
+ * Candidates whose weight underflows to zero are dropped (order kept): they could
+ * otherwise be picked when rounding pushes a draw past the last bucket. Returns the new
+ * count.
+ *
+ * Every total in this file is summed in array order, the order the draw walks, so the
+ * same candidates give the same total on every machine. */
+static size_t softmax(const float *logits, cand_key *keys, aux_slot *aux, size_t m, double temperature,
+                      double *total)
 {
     float max = -INFINITY;
     for (size_t i = 0; i < m; i++)
         if (logits[key_id(keys[i])] > max)
             max = logits[key_id(keys[i])];
     size_t kept = 0;
+    double sum = 0.0;
     for (size_t i = 0; i < m; i++) {
         double x = ((double)logits[key_id(keys[i])] - max) / temperature;
         double w = blade_exp_nonpos(x);
         if (w > 0.0) {
             keys[kept] = keys[i];
             aux[kept].w = w;
+            sum += w;
             kept++;
         }
     }
+    *total = sum;
     return kept;
 }
 
-/* Sums always run in array order, so the same candidates give the same total anywhere. */
-static double total_weight(const aux *aux, size_t m)
+/* The smallest best-first prefix whose weight reaches top_p of the total; at least one.
+ * Unsorted candidates are sorted first, but only those that can be in the nucleus: if
+ * candidate i is, the ones before it hold less than top_p of the mass, so i and the ones
+ * after it (at most m, none heavier than i) hold more than 1 - top_p, hence
+ * w_i > (1 - top_p) total / m. Halving that bound absorbs rounding. In a real logit row
+ * this leaves a few hundred candidates of a whole vocabulary to sort. */
+static size_t cut_top_p(blade_sampler *s, size_t m, bool sorted, double top_p, double *total)
 {
-    double total = 0.0;
-    for (size_t i = 0; i < m; i++)
-        total += aux[i].w;
-    return total;
-}
-
-/* On sorted candidates: the smallest prefix whose weight reaches top_p of the total; at
- * least one. */
-static size_t cut_top_p(const aux *aux, size_t m, double top_p)
-{
-    double target = top_p * total_weight(aux, m), cum = 0.0;
+    cand_key *keys = s->keys;
+    aux_slot *aux = s->aux;
+    double target = top_p * *total;
+    if (!sorted) {
+        double bound = 0.5 * (1.0 - top_p) * *total / (double)m;
+        size_t kept = 0;
+        for (size_t i = 0; i < m; i++)
+            if (aux[i].w >= bound)
+                keys[kept++] = keys[i];
+        sort_keys(keys, aux, kept);
+        /* The sort used aux as its buffer; the same inputs give the same weights back.
+         * Their new sum is not wanted: top_p refers to the total before pruning. */
+        double pruned_total;
+        m = softmax(s->logits, keys, aux, kept, s->p.temperature, &pruned_total);
+    }
+    double cum = 0.0;
     size_t j = 0;
     while (j < m) {
         cum += aux[j++].w;
         if (cum >= target)
             break;
     }
+    *total = cum;
     return j;
 }
 
 /* The best candidate has w = 1 exactly, so capping the threshold at 1 always keeps it. */
-static size_t cut_min_p(cand_key *keys, aux *aux, size_t m, double min_p)
+static size_t cut_min_p(cand_key *keys, aux_slot *aux, size_t m, double min_p, double *total)
 {
-    double threshold = min_p < 1.0 ? min_p : 1.0;
+    double threshold = min_p < 1.0 ? min_p : 1.0, sum = 0.0;
     size_t kept = 0;
     for (size_t i = 0; i < m; i++)
         if (aux[i].w >= threshold) {
             keys[kept] = keys[i];
             aux[kept].w = aux[i].w;
+            sum += aux[i].w;
             kept++;
         }
+    *total = sum;
     return kept;
 }
 
 /* Inverse CDF over the candidates in their current order. The walk adds in the same order
  * as the total, so it can only run off the end through the rounding of u * total; the
  * last candidate (weight > 0) takes that case. */
-static int32_t draw(const cand_key *keys, const aux *aux, size_t m, double u)
+static int32_t draw(const cand_key *keys, const aux_slot *aux, size_t m, double total, double u)
 {
-    double target = u * total_weight(aux, m), cum = 0.0;
+    double target = u * total, cum = 0.0;
     for (size_t i = 0; i + 1 < m; i++) {
         cum += aux[i].w;
         if (target < cum)
@@ -408,14 +429,13 @@ int32_t blade_sampler_sample(blade_sampler *s, const float *logits)
     }
     if (m == 0)
         return -1;
-    if (p->top_p < 1.0f && !sorted)
-        sort_keys(s->keys, s->aux, m);
-    m = softmax(s->logits, s->keys, s->aux, m, p->temperature);
+    double total;
+    m = softmax(s->logits, s->keys, s->aux, m, p->temperature, &total);
     if (p->top_p < 1.0f)
-        m = cut_top_p(s->aux, m, p->top_p);
+        m = cut_top_p(s, m, sorted, p->top_p > 0.0f ? p->top_p : 0.0, &total);
     if (p->min_p > 0.0f)
-        m = cut_min_p(s->keys, s->aux, m, p->min_p);
-    return draw(s->keys, s->aux, m, u);
+        m = cut_min_p(s->keys, s->aux, m, p->min_p, &total);
+    return draw(s->keys, s->aux, m, total, u);
 }
 
 void blade_logits_to_logprobs(const float *logits, int32_t n_vocab, float *out)

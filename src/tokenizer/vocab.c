@@ -47,8 +47,10 @@ static void describe(char *dst, size_t cap, const char *s)
     size_t n = 0;
     for (; *s && n + 4 < cap; s++)
         dst[n++] = (*s >= 0x20 && *s < 0x7F) ? *s : '?';
-    if (*s && n + 4 >= cap)
-        memcpy(dst + n, "...", 3), n += 3;
+    if (*s) {
+        memcpy(dst + n, "...", 3);
+        n += 3;
+    }
     dst[n] = 0;
 }
 

@@ -1,0 +1,137 @@
+#ifndef BLADE_ENGINE_H
+#define BLADE_ENGINE_H
+
+/* The serving engine: many requests share one model, one KV memory budget and one batched
+ * forward pass per step. Data flows one way: a request's prompt is tokenized on submit,
+ * the scheduler picks this step's work, the model runner executes it as one ragged batch,
+ * each sequence's sampler picks its next token, the detokenizer and stop matcher turn it
+ * into text, and the request's callback receives it.
+ *
+ * Submit and abort are safe from any thread; one engine thread runs the step loop and
+ * calls every callback (callbacks must be quick: hand the event to your own thread). */
+
+#include "blade/error.h"
+#include "blade/kv_store.h"
+#include "blade/model.h"
+#include "blade/sampler.h"
+#include "blade/scheduler.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct blade_engine_config {
+    int n_threads;            /* <= 0: physical cores */
+    size_t kv_mem_bytes;      /* KV memory budget */
+    int32_t block_size;       /* tokens per KV block (default 16) */
+    blade_kv_type kv_type;
+    bool prefix_caching;
+    blade_sched_config sched;
+    int32_t max_context;      /* longest prompt + output of one request (default: the model's) */
+    bool check_invariants;    /* verify the KV block accounting after every step (tests, debugging) */
+} blade_engine_config;
+
+void blade_engine_config_default(blade_engine_config *c);
+
+typedef enum blade_finish_reason {
+    BLADE_FINISH_NONE = 0, /* not finished: a token event */
+    BLADE_FINISH_STOP,     /* end-of-generation token or a stop string */
+    BLADE_FINISH_LENGTH,   /* max_tokens or the context limit */
+    BLADE_FINISH_ABORT,    /* aborted by the caller */
+    BLADE_FINISH_ERROR     /* could not be served (e.g. needs more KV than the pool has) */
+} blade_finish_reason;
+
+const char *blade_finish_reason_name(blade_finish_reason r);
+
+#define BLADE_MAX_TOP_LOGPROBS 20
+
+typedef struct blade_token_event {
+    uint64_t request_id;
+    void *user;
+    /* the sampled token (-1 on a finish event that carries no token) */
+    int32_t token;
+    float logprob;               /* of the sampled token, under the raw logits */
+    int32_t n_top;               /* top alternatives, when the request asked for logprobs */
+    int32_t top_ids[BLADE_MAX_TOP_LOGPROBS];
+    float top_logprobs[BLADE_MAX_TOP_LOGPROBS];
+    const float *logits;         /* the raw logits row, when the request asked for them */
+    const char *text;            /* text released by this token (stop strings held back), may be "" */
+    size_t text_len;
+    blade_finish_reason finish;
+    const char *error;           /* message when finish == BLADE_FINISH_ERROR */
+    int32_t prompt_tokens;
+    int32_t completion_tokens;
+    int32_t cached_tokens;       /* prompt tokens served from the prefix cache */
+    double queue_seconds;        /* submit to first scheduled */
+    double ttft_seconds;         /* submit to first token */
+} blade_token_event;
+
+typedef void (*blade_token_callback)(const blade_token_event *ev);
+
+typedef struct blade_request {
+    const int32_t *prompt_tokens; /* either tokens ... */
+    int32_t n_prompt_tokens;
+    const char *prompt_text;      /* ... or text, tokenized with the model's tokenizer */
+    size_t prompt_text_len;
+    bool add_bos;                 /* for prompt_text: prepend BOS when the vocabulary wants it */
+    bool parse_special;           /* for prompt_text: special-token text becomes special tokens */
+    blade_sampling_params sampling;
+    int32_t max_tokens;           /* new tokens at most (> 0) */
+    const char *const *stop;      /* stop strings, never emitted */
+    int32_t n_stop;
+    bool ignore_eos;
+    int32_t logprobs;             /* -1: none; 0: the sampled token's; n: also the top n (<= 20) */
+    bool want_logits;             /* hand the raw logits row to the callback (tests, tools) */
+    blade_traffic_class cls;
+    const char *cache_salt;       /* tenant isolation of the prefix cache; NULL for none */
+    blade_token_callback callback;
+    void *user;
+} blade_request;
+
+void blade_request_default(blade_request *r);
+
+typedef struct blade_engine blade_engine;
+
+blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *cfg, blade_error *err);
+/* Drains (finishes in-flight requests) when drain is set, otherwise aborts them; joins the
+ * engine thread and frees everything. */
+void blade_engine_free(blade_engine *e, bool drain);
+
+/* Validates and queues a request; returns its id (> 0), or 0 with err set. */
+uint64_t blade_engine_submit(blade_engine *e, const blade_request *r, blade_error *err);
+/* Aborts a request: its blocks return to the pool within one step and its callback gets a
+ * BLADE_FINISH_ABORT event. Returns false if no such live request. */
+bool blade_engine_abort(blade_engine *e, uint64_t id);
+/* Blocks until no request is running or waiting. */
+void blade_engine_wait_idle(blade_engine *e);
+
+typedef struct blade_engine_stats {
+    int32_t running;
+    int32_t waiting;
+    int32_t kv_blocks_total;
+    int32_t kv_blocks_used;
+    int32_t kv_blocks_cached;
+    int32_t kv_blocks_free;
+    int32_t block_size;
+    double prefix_hit_rate;   /* tokens found cached / tokens looked up */
+    uint64_t prefix_hit_tokens;
+    uint64_t prefix_query_tokens;
+    double kv_utilisation;    /* token slots used / allocated, averaged over steps */
+    uint64_t evictions;
+    uint64_t preemptions;
+    uint64_t steps;
+    uint64_t computed_tokens; /* tokens the runner computed (prefill + decode + recompute) */
+    uint64_t generated_tokens;
+    uint64_t requests_finished;
+    int32_t max_running;      /* most sequences running in one step */
+    uint64_t invariant_checks;
+    char invariant_error[600]; /* first violation found by check_invariants, "" if none */
+} blade_engine_stats;
+
+void blade_engine_stats_get(blade_engine *e, blade_engine_stats *out);
+const blade_model *blade_engine_model(const blade_engine *e);
+/* KV capacity in tokens (blocks x block size). */
+int64_t blade_engine_kv_tokens(const blade_engine *e);
+int32_t blade_engine_max_context(const blade_engine *e);
+
+#endif

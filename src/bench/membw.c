@@ -1,0 +1,106 @@
+#include "blade/bench.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+typedef struct read_job {
+    const uint8_t *buf;
+    size_t bytes;
+    uint64_t sink[64];
+} read_job;
+
+/* Wide loads OR-ed together: the loop issues nothing but loads, so it runs at the
+ * memory system's read limit rather than at an arithmetic limit. */
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static uint64_t read_avx2(const uint8_t *p, size_t n)
+{
+    __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+    for (size_t i = 0; i + 128 <= n; i += 128) {
+        a = _mm256_or_si256(a, _mm256_load_si256((const __m256i *)(p + i)));
+        b = _mm256_or_si256(b, _mm256_load_si256((const __m256i *)(p + i + 32)));
+        c = _mm256_or_si256(c, _mm256_load_si256((const __m256i *)(p + i + 64)));
+        d = _mm256_or_si256(d, _mm256_load_si256((const __m256i *)(p + i + 96)));
+    }
+    a = _mm256_or_si256(_mm256_or_si256(a, b), _mm256_or_si256(c, d));
+    return (uint64_t)_mm256_extract_epi64(a, 0) | (uint64_t)_mm256_extract_epi64(a, 3);
+}
+#endif
+
+static uint64_t read_scalar(const uint8_t *p, size_t n)
+{
+    uint64_t a = 0, b = 0, v0, v1;
+    for (size_t i = 0; i + 16 <= n; i += 16) {
+        memcpy(&v0, p + i, 8);
+        memcpy(&v1, p + i + 8, 8);
+        a |= v0;
+        b |= v1;
+    }
+    return a | b;
+}
+
+static void read_task(void *ctx, int ith, int nth)
+{
+    read_job *j = ctx;
+    size_t per = (j->bytes / (size_t)nth) & ~(size_t)127;
+    const uint8_t *p = j->buf + per * (size_t)ith;
+#if defined(__x86_64__)
+    if (blade_cpu_get_features()->avx2) {
+        j->sink[ith % 64] = read_avx2(p, per);
+        return;
+    }
+#endif
+    j->sink[ith % 64] = read_scalar(p, per);
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+double blade_measure_read_bandwidth(blade_threadpool *pool, size_t bytes, int repeats)
+{
+    bytes &= ~(size_t)4095;
+    uint8_t *buf = aligned_alloc(4096, bytes);
+    if (!buf)
+        return 0.0;
+    memset(buf, 1, bytes); /* fault every page in before timing */
+    read_job job = {buf, bytes, {0}};
+    int nth = blade_threadpool_size(pool);
+    size_t read_bytes = ((bytes / (size_t)nth) & ~(size_t)127) * (size_t)nth;
+    double best = 0.0;
+    for (int r = 0; r < repeats; r++) {
+        double t0 = now();
+        blade_threadpool_run(pool, read_task, &job);
+        double bw = (double)read_bytes / (now() - t0);
+        if (bw > best)
+            best = bw;
+    }
+    free(buf);
+    return best;
+}
+
+blade_stats blade_stats_of(const double *values, int n)
+{
+    blade_stats s = {0.0, 0.0};
+    if (n <= 0)
+        return s;
+    for (int i = 0; i < n; i++)
+        s.mean += values[i];
+    s.mean /= n;
+    if (n > 1) {
+        double ss = 0.0;
+        for (int i = 0; i < n; i++)
+            ss += (values[i] - s.mean) * (values[i] - s.mean);
+        s.stddev = sqrt(ss / (n - 1));
+    }
+    return s;
+}

@@ -1,0 +1,314 @@
+#include "blade/bench.h"
+#include "blade/kernels.h"
+#include "blade/kv_store.h"
+#include "blade/model.h"
+#include "blade/runner.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void bench_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: blade bench -m MODEL [-p 512] [-n 128] [-b 1,4,8,16] [-r 5] [-t N] [--json]\n\n"
+            "Measures the model runner on this machine:\n"
+            "  ppP    prompt processing: one P-token prefill in a single batch, tokens/s\n"
+            "  tgN    single-sequence generation of N tokens from an empty context, tokens/s, and the\n"
+            "         fraction of the memory-bandwidth roofline (weight bytes x tokens/s / bandwidth)\n"
+            "  Bx     aggregate decode tokens/s of B sequences decoding together, each with a 128-token\n"
+            "         context (prefilled untimed), over 32 steps\n"
+            "Each figure is the mean +- standard deviation over R runs, after one warm-up run.\n\n"
+            "  -m, --model FILE     GGUF model\n"
+            "  -p, --n-prompt P     prompt length for pp (default 512; 0 skips)\n"
+            "  -n, --n-gen N        tokens for tg (default 128; 0 skips)\n"
+            "  -b, --batches LIST   concurrent sequences for aggregate decode (default 1,4,8,16; 0 skips)\n"
+            "  -r, --repetitions R  runs per figure (default 5)\n"
+            "  -t, --threads N      threads (default: physical cores)\n"
+            "      --kv-type T      KV cache element type: f16 (default), bf16, f32\n"
+            "      --json           print one JSON object instead of the table\n"
+            "  -h, --help           this help\n");
+}
+
+typedef struct bench {
+    blade_model *m;
+    blade_kv_store *kv;
+    blade_threadpool *pool;
+    blade_runner *runner;
+    int32_t *blocks; /* identity block table: sequence s owns blocks [s*per_seq, (s+1)*per_seq) */
+    int32_t per_seq;
+    float *logits;
+    uint64_t rng;
+} bench;
+
+static int32_t random_token(bench *b)
+{
+    b->rng = b->rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (int32_t)((b->rng >> 33) % (uint64_t)b->m->hp.n_vocab);
+}
+
+static int forward(bench *b, blade_batch_seq *seqs, int n, blade_error *err)
+{
+    return blade_runner_forward(b->runner, seqs, n, err);
+}
+
+static double run_pp(bench *b, int32_t n_prompt, blade_error *err)
+{
+    int32_t *toks = malloc((size_t)n_prompt * sizeof *toks);
+    for (int32_t i = 0; i < n_prompt; i++)
+        toks[i] = random_token(b);
+    blade_batch_seq s = {.tokens = toks, .n_tokens = n_prompt, .pos0 = 0, .block_table = b->blocks,
+                         .n_blocks = b->per_seq, .n_logits = 1, .logits = b->logits};
+    double t0 = cli_now();
+    int rc = forward(b, &s, 1, err);
+    double dt = cli_now() - t0;
+    free(toks);
+    return rc ? -1.0 : n_prompt / dt;
+}
+
+static double run_tg(bench *b, int32_t n_gen, blade_error *err)
+{
+    double t0 = cli_now();
+    for (int32_t i = 0; i < n_gen; i++) {
+        int32_t tok = random_token(b);
+        blade_batch_seq s = {.tokens = &tok, .n_tokens = 1, .pos0 = i, .block_table = b->blocks,
+                             .n_blocks = b->per_seq, .n_logits = 1, .logits = b->logits};
+        if (forward(b, &s, 1, err))
+            return -1.0;
+    }
+    return n_gen / (cli_now() - t0);
+}
+
+#define CONTEXT 128
+#define DECODE_STEPS 32
+
+static double run_batched(bench *b, int32_t n_seqs, blade_error *err)
+{
+    blade_batch_seq *seqs = calloc((size_t)n_seqs, sizeof *seqs);
+    int32_t *toks = malloc((size_t)n_seqs * CONTEXT * sizeof *toks);
+    double rate = -1.0;
+    for (int32_t i = 0; i < n_seqs * CONTEXT; i++)
+        toks[i] = random_token(b);
+    /* untimed prefill, a few sequences per call to stay inside the runner's batch size */
+    for (int32_t s = 0; s < n_seqs; s++) {
+        blade_batch_seq p = {.tokens = toks + s * CONTEXT, .n_tokens = CONTEXT, .pos0 = 0,
+                             .block_table = b->blocks + s * b->per_seq, .n_blocks = b->per_seq};
+        if (forward(b, &p, 1, err))
+            goto done;
+    }
+    double t0 = cli_now();
+    for (int32_t step = 0; step < DECODE_STEPS; step++) {
+        for (int32_t s = 0; s < n_seqs; s++) {
+            toks[s] = random_token(b);
+            seqs[s] = (blade_batch_seq){.tokens = toks + s, .n_tokens = 1, .pos0 = CONTEXT + step,
+                                        .block_table = b->blocks + s * b->per_seq, .n_blocks = b->per_seq,
+                                        .n_logits = 1, .logits = b->logits + (size_t)s * b->m->hp.n_vocab};
+        }
+        if (forward(b, seqs, n_seqs, err))
+            goto done;
+    }
+    rate = (double)n_seqs * DECODE_STEPS / (cli_now() - t0);
+done:
+    free(seqs);
+    free(toks);
+    return rate;
+}
+
+typedef struct figure {
+    char name[32];
+    blade_stats s;
+    double roofline; /* fraction, tg only; < 0 when not applicable */
+} figure;
+
+static int measure(bench *b, const char *name, double (*fn)(bench *, int32_t, blade_error *), int32_t arg, int reps,
+                   figure *out, blade_error *err)
+{
+    double values[64];
+    bool tty = isatty(STDERR_FILENO);
+    snprintf(out->name, sizeof out->name, "%s", name);
+    for (int r = -1; r < reps; r++) {
+        if (tty)
+            fprintf(stderr, "\r%-10s run %d/%d ", name, r + 2, reps + 1);
+        double v = fn(b, arg, err);
+        if (v < 0)
+            return -1;
+        if (r >= 0)
+            values[r] = v;
+    }
+    out->s = blade_stats_of(values, reps);
+    out->roofline = -1.0;
+    return 0;
+}
+
+static int parse_batches(const char *s, int32_t *out, int *n)
+{
+    *n = 0;
+    char *copy = strdup(s), *save = NULL;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        long long v;
+        if (*n >= 16 || !cli_parse_int("-b", tok, 0, 256, &v)) {
+            free(copy);
+            return -1;
+        }
+        if (v > 0)
+            out[(*n)++] = (int32_t)v;
+    }
+    free(copy);
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},       {"n-prompt", required_argument, 0, 'p'},
+        {"n-gen", required_argument, 0, 'n'},       {"batches", required_argument, 0, 'b'},
+        {"repetitions", required_argument, 0, 'r'}, {"threads", required_argument, 0, 't'},
+        {"kv-type", required_argument, 0, 'K'},     {"json", no_argument, 0, 'J'},
+        {"help", no_argument, 0, 'h'},              {0, 0, 0, 0},
+    };
+    const char *model_path = NULL;
+    long long n_prompt = 512, n_gen = 128, reps = 5, threads = 0;
+    int32_t batches[16] = {1, 4, 8, 16};
+    int n_batches = 4;
+    bool json = false;
+    int kv_type = BLADE_KV_F16;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:p:n:b:r:t:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model_path = optarg; break;
+        case 'p':
+            if (!cli_parse_int("-p", optarg, 0, 1 << 16, &n_prompt))
+                return 2;
+            break;
+        case 'n':
+            if (!cli_parse_int("-n", optarg, 0, 1 << 16, &n_gen))
+                return 2;
+            break;
+        case 'b':
+            if (parse_batches(optarg, batches, &n_batches))
+                return 2;
+            break;
+        case 'r':
+            if (!cli_parse_int("-r", optarg, 1, 64, &reps))
+                return 2;
+            break;
+        case 't':
+            if (!cli_parse_int("-t", optarg, 1, 1024, &threads))
+                return 2;
+            break;
+        case 'K':
+            if ((kv_type = blade_kv_type_from_name(optarg)) < 0) {
+                fprintf(stderr, "error: --kv-type expects f16, bf16 or f32, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'J': json = true; break;
+        case 'h': bench_usage(stdout); return 0;
+        default: bench_usage(stderr); return 2;
+        }
+    }
+    if (!model_path || optind != argc) {
+        bench_usage(stderr);
+        return 2;
+    }
+
+    blade_error err = {{0}};
+    bench b = {0};
+    b.rng = 42;
+    int rc = 1;
+    int32_t max_batch = 1;
+    for (int i = 0; i < n_batches; i++)
+        max_batch = batches[i] > max_batch ? batches[i] : max_batch;
+    b.m = blade_model_load(model_path, &err);
+    if (!b.m)
+        goto done;
+    int32_t longest = (int32_t)(n_prompt > n_gen ? n_prompt : n_gen);
+    if (longest < CONTEXT + DECODE_STEPS)
+        longest = CONTEXT + DECODE_STEPS;
+    b.per_seq = (longest + 15) / 16;
+    int32_t n_blocks = b.per_seq * max_batch;
+    b.kv = blade_kv_store_new(&b.m->hp, (blade_kv_type)kv_type, 16, n_blocks, &err);
+    b.pool = blade_threadpool_new((int)threads);
+    int32_t max_tokens = (int32_t)(n_prompt > CONTEXT ? n_prompt : CONTEXT);
+    if (max_batch > max_tokens)
+        max_tokens = max_batch;
+    if (b.kv && b.pool)
+        b.runner = blade_runner_new(b.m, b.kv, b.pool, max_tokens, &err);
+    b.blocks = malloc((size_t)n_blocks * sizeof *b.blocks);
+    b.logits = malloc((size_t)max_batch * b.m->hp.n_vocab * sizeof *b.logits);
+    if (!b.runner || !b.blocks || !b.logits)
+        goto done;
+    for (int32_t i = 0; i < n_blocks; i++)
+        b.blocks[i] = i;
+
+    if (!json)
+        fprintf(stderr, "measuring memory read bandwidth...\n");
+    double bandwidth = blade_measure_read_bandwidth(b.pool, (size_t)1 << 30, 5);
+    figure figs[20];
+    int n_figs = 0;
+    char name[32];
+    if (n_prompt > 0) {
+        snprintf(name, sizeof name, "pp%lld", n_prompt);
+        if (measure(&b, name, run_pp, (int32_t)n_prompt, (int)reps, &figs[n_figs++], &err))
+            goto done;
+    }
+    if (n_gen > 0) {
+        snprintf(name, sizeof name, "tg%lld", n_gen);
+        if (measure(&b, name, run_tg, (int32_t)n_gen, (int)reps, &figs[n_figs], &err))
+            goto done;
+        figs[n_figs].roofline = (double)b.m->weight_bytes * figs[n_figs].s.mean / bandwidth;
+        n_figs++;
+    }
+    for (int i = 0; i < n_batches; i++) {
+        snprintf(name, sizeof name, "decode x%d", batches[i]);
+        if (measure(&b, name, run_batched, batches[i], (int)reps, &figs[n_figs++], &err))
+            goto done;
+    }
+    if (isatty(STDERR_FILENO))
+        fprintf(stderr, "\r%40s\r", "");
+
+    const char *isa = blade_isa_name(blade_isa_active());
+    if (json) {
+        printf("{\"model\": \"%s\", \"weight_bytes\": %zu, \"threads\": %d, \"isa\": \"%s\", \"kv_type\": \"%s\", "
+               "\"bandwidth_bytes_per_s\": %.0f, \"results\": [",
+               model_path, b.m->weight_bytes, blade_threadpool_size(b.pool), isa,
+               blade_kv_type_name((blade_kv_type)kv_type), bandwidth);
+        for (int i = 0; i < n_figs; i++) {
+            printf("%s{\"test\": \"%s\", \"tokens_per_s\": %.3f, \"stddev\": %.3f", i ? ", " : "", figs[i].name,
+                   figs[i].s.mean, figs[i].s.stddev);
+            if (figs[i].roofline >= 0)
+                printf(", \"roofline_fraction\": %.4f", figs[i].roofline);
+            printf("}");
+        }
+        printf("]}\n");
+    } else {
+        printf("model: %s (%.2f GiB of weights, %llu parameters)\n", model_path, b.m->weight_bytes / 1073741824.0,
+               (unsigned long long)b.m->n_params);
+        printf("threads: %d, kernels: %s, KV cache: %s, memory read bandwidth: %.2f GB/s\n\n",
+               blade_threadpool_size(b.pool), isa, blade_kv_type_name((blade_kv_type)kv_type), bandwidth / 1e9);
+        printf("| %-12s | %18s | %10s |\n", "test", "tokens/s", "roofline");
+        printf("| %-12s | %18s | %10s |\n", "------------", "------------------", "----------");
+        for (int i = 0; i < n_figs; i++) {
+            char rf[16] = "";
+            if (figs[i].roofline >= 0)
+                snprintf(rf, sizeof rf, "%.1f%%", figs[i].roofline * 100);
+            printf("| %-12s | %9.2f +- %6.2f | %10s |\n", figs[i].name, figs[i].s.mean, figs[i].s.stddev, rf);
+        }
+    }
+    rc = 0;
+done:
+    if (rc)
+        fprintf(stderr, "error: %s\n", err.msg);
+    free(b.blocks);
+    free(b.logits);
+    blade_runner_free(b.runner);
+    blade_threadpool_free(b.pool);
+    blade_kv_store_free(b.kv);
+    blade_model_free(b.m);
+    return rc;
+}

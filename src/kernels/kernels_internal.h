@@ -1,0 +1,80 @@
+#ifndef BLADE_KERNELS_INTERNAL_H
+#define BLADE_KERNELS_INTERNAL_H
+
+/* Shared between the kernel files: the converted-activation layouts and the per-ISA
+ * kernel tables that blade_matmul dispatches through. */
+
+#include "blade/kernels.h"
+#include "blade/types.h"
+#include "tensor/quant_ref.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Converted activation rows. Every array of a row starts on a 64-byte boundary relative to
+ * the row start and is zero-padded to a multiple of 64 bytes, so a kernel may load whole
+ * vectors (up to 64 bytes) past the last element without leaving the row, and padded
+ * elements contribute exact zeros.
+ *
+ * Q8 rows (for Q8_0 and Q4_0 weights), per block of 32: int8 q (x ~= d*q, |q| <= 127),
+ * an f32 d and the int32 sum of the block's q (which turns a weight offset into one
+ * integer multiply per block). Arrays: q[n], d[n/32], sum[n/32].
+ *
+ * K rows (for Q4_K, Q5_K and Q6_K weights), per super-block of 256: int8 q, an f32 d and
+ * sixteen int16 sums of q over consecutive groups of 16. Arrays: q[n], d[n/256],
+ * sum16[n/16].
+ *
+ * BF16 weights take bf16 activations (round to nearest even), F32 and F16 weights f32. */
+
+#define ACT_ALIGN 64
+
+static inline size_t act_pad(size_t bytes)
+{
+    return (bytes + ACT_ALIGN - 1) & ~(size_t)(ACT_ALIGN - 1);
+}
+
+typedef struct act_q8_view {
+    const int8_t *q;
+    const float *d;
+    const int32_t *sum;
+} act_q8_view;
+
+typedef struct act_k_view {
+    const int8_t *q;
+    const float *d;
+    const int16_t *sum16;
+} act_k_view;
+
+static inline act_q8_view act_q8_at(const void *row, int64_t n)
+{
+    const uint8_t *p = row;
+    size_t qb = act_pad((size_t)n), db = act_pad((size_t)(n / QK8_0) * sizeof(float));
+    return (act_q8_view){(const int8_t *)p, (const float *)(p + qb), (const int32_t *)(p + qb + db)};
+}
+
+static inline act_k_view act_k_at(const void *row, int64_t n)
+{
+    const uint8_t *p = row;
+    size_t qb = act_pad((size_t)n), db = act_pad((size_t)(n / QK_K) * sizeof(float));
+    return (act_k_view){(const int8_t *)p, (const float *)(p + qb), (const int16_t *)(p + qb + db)};
+}
+
+/* Vector activation converters, byte-identical to the portable ones (the same IEEE
+ * operations element by element; NaNs are ignored by the block maximum and quantize to
+ * -127 in both). They fill the arrays of a row that blade_act_convert has zeroed. NULL
+ * for types without one. */
+typedef void (*blade_act_fn)(const float *x, void *out, int64_t n);
+blade_act_fn blade_act_avx2_converter(uint32_t type);
+blade_act_fn blade_act_avx512_converter(uint32_t type);
+
+/* One weight type's kernel on one ISA: the blade_matmul contract minus the type. */
+typedef void (*blade_matmul_fn)(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
+                                int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1);
+
+/* NULL where the ISA file has no kernel for the type (or, for AVX-512, where the CPU
+ * lacks the extension the kernel needs; blade_matmul then uses the AVX2 kernel). */
+blade_matmul_fn blade_matmul_scalar_kernel(uint32_t type);
+blade_matmul_fn blade_matmul_avx2_kernel(uint32_t type);
+blade_matmul_fn blade_matmul_avx512_kernel(uint32_t type, const blade_cpu_features *f);
+
+#endif

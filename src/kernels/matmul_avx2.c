@@ -1,0 +1,639 @@
+#include "kernels/kernels_internal.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* AVX2 + FMA + F16C kernels, also used on AVX-512 machines for the types whose AVX-512
+ * kernel needs an extension the CPU lacks (VNNI, BF16). The structure mirrors the AVX-512
+ * file: a fixed per-(row, token) sequence of 8-lane float updates, one per decode unit,
+ * interleaved across a tile; integer parts are exact. Only sixteen vector registers, so
+ * tiles are smaller. */
+
+#define TGT __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* The one-token path takes one row at a time (a single sequential weight stream, as the
+ * hardware prefetchers follow best); tiles are for many tokens. */
+#define TILE_R 2
+#define TILE_T 3
+#define TOKEN_CHUNK 64
+
+TGT INLINE float hsum(__m256 v)
+{
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+
+/* out holds rows x TILE_T results (row-major), as every tile below writes them. */
+static void store_tile(float *Y, int64_t ldy, int64_t r, int64_t nr, int64_t t, int64_t nt, const float *out, int ld)
+{
+    for (int64_t j = 0; j < nt; j++)
+        for (int64_t i = 0; i < nr; i++)
+            Y[(t + j) * ldy + r + i] = out[i * ld + j];
+}
+
+/* Rows of a tile past r1 repeat the last row. */
+static void tile_rows(const void *W, size_t w_stride, int64_t r, int64_t r1, int R, const uint8_t **rows)
+{
+    for (int i = 0; i < R; i++)
+        rows[i] = (const uint8_t *)W + (r + i < r1 ? r + i : r1 - 1) * (int64_t)w_stride;
+}
+
+static void *pack_alloc(size_t bytes)
+{
+    void *p = aligned_alloc(32, (bytes + 31) & ~(size_t)31);
+    if (!p)
+        abort();
+    return p;
+}
+
+/* ---------------------------------------------------------------- Q8_0 and Q4_0 ----
+ * Unit: one 32-block. vpmaddubsw needs one unsigned operand, so the signed weights give
+ * their magnitude and their sign moves onto the activation (vpsignb): |w| <= 128 and
+ * |x| <= 127 keep each int16 pair sum below 2^15. */
+
+typedef struct q32_dec {
+    __m256i aw, w;
+    __m256 d;
+} q32_dec;
+
+TGT INLINE void q32_decode(bool q4, const uint8_t *row, int64_t b, q32_dec *o)
+{
+    uint16_t h;
+    __m256i w;
+    if (q4) {
+        const uint8_t *blk = row + b * (int64_t)sizeof(block_q4_0);
+        memcpy(&h, blk, 2);
+        __m128i n = _mm_loadu_si128((const __m128i *)(blk + 2));
+        __m128i lo = _mm_and_si128(n, _mm_set1_epi8(0x0F));
+        __m128i hi = _mm_and_si128(_mm_srli_epi16(n, 4), _mm_set1_epi8(0x0F));
+        w = _mm256_sub_epi8(_mm256_setr_m128i(lo, hi), _mm256_set1_epi8(8));
+    } else {
+        const uint8_t *blk = row + b * (int64_t)sizeof(block_q8_0);
+        memcpy(&h, blk, 2);
+        w = _mm256_loadu_si256((const __m256i *)(blk + 2));
+    }
+    o->w = w;
+    o->aw = _mm256_abs_epi8(w);
+    o->d = _mm256_set1_ps(_cvtsh_ss(h));
+}
+
+TGT INLINE __m256 q32_step(const q32_dec *w, __m256i x, __m256 dx, __m256 acc)
+{
+    __m256i p = _mm256_maddubs_epi16(w->aw, _mm256_sign_epi8(x, w->w));
+    __m256i i = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(w->d, dx), acc);
+}
+
+TGT INLINE float q32_gemv(bool q4, const uint8_t *row, act_q8_view a, int64_t nb)
+{
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        q32_dec w;
+        q32_decode(q4, row, b, &w);
+        acc = q32_step(&w, _mm256_loadu_si256((const __m256i *)(a.q + QK8_0 * b)), _mm256_broadcast_ss(a.d + b), acc);
+    }
+    return hsum(acc);
+}
+
+TGT INLINE void q32_tile(int T, const q32_dec *pk, int64_t nb, const act_q8_view *xa, float *out)
+{
+    __m256 acc[TILE_R][TILE_T];
+    for (int r = 0; r < TILE_R; r++)
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        for (int t = 0; t < T; t++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(xa[t].q + QK8_0 * b));
+            __m256 dx = _mm256_broadcast_ss(xa[t].d + b);
+            for (int r = 0; r < TILE_R; r++)
+                acc[r][t] = q32_step(&pk[r * nb + b], x, dx, acc[r][t]);
+        }
+    }
+    for (int r = 0; r < TILE_R; r++)
+        for (int t = 0; t < T; t++)
+            out[r * TILE_T + t] = hsum(acc[r][t]);
+}
+
+TGT INLINE void q32_matmul(bool q4, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
+                           float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    int64_t nb = n / QK8_0;
+    const uint8_t *rows[TILE_R];
+    float out[TILE_R * TILE_T];
+    if (n_tok == 1) {
+        act_q8_view a = act_q8_at(X, n);
+        for (int64_t r = r0; r < r1; r++)
+            Y[r] = q32_gemv(q4, (const uint8_t *)W + r * (int64_t)w_stride, a, nb);
+        return;
+    }
+    q32_dec *pk = pack_alloc(sizeof(q32_dec) * TILE_R * (size_t)nb);
+    act_q8_view xa[TILE_T];
+    for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {
+        int64_t c1 = c + TOKEN_CHUNK < n_tok ? c + TOKEN_CHUNK : n_tok;
+        for (int64_t r = r0; r < r1; r += TILE_R) {
+            tile_rows(W, w_stride, r, r1, TILE_R, rows);
+            for (int i = 0; i < TILE_R; i++)
+                for (int64_t b = 0; b < nb; b++)
+                    q32_decode(q4, rows[i], b, &pk[i * nb + b]);
+            int64_t nr = r1 - r < TILE_R ? r1 - r : TILE_R;
+            for (int64_t t = c; t < c1; t += TILE_T) {
+                int64_t nt = c1 - t < TILE_T ? c1 - t : TILE_T;
+                for (int j = 0; j < nt; j++)
+                    xa[j] = act_q8_at((const uint8_t *)X + (t + j) * (int64_t)x_stride, n);
+                if (nt == 1)
+                    q32_tile(1, pk, nb, xa, out);
+                else if (nt == 2)
+                    q32_tile(2, pk, nb, xa, out);
+                else
+                    q32_tile(3, pk, nb, xa, out);
+                store_tile(Y, ldy, r, nr, t, nt, out, TILE_T);
+            }
+        }
+    }
+    free(pk);
+}
+
+TGT static void mm_q4_0(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
+                        int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    q32_matmul(true, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
+}
+
+TGT static void mm_q8_0(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
+                        int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    q32_matmul(false, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
+}
+
+/* ------------------------------------------------------------ Q4_K, Q5_K, Q6_K ----
+ * Unit: a 256 super-block as eight 32-byte vectors of unsigned quants in natural order;
+ * vpmaddubsw then vpmaddwd by the int16 scale of each lane, summed exactly in int32. Mins
+ * (Q4_K/Q5_K) meet the activation 16-sums in one vpmaddwd and a second FMA; Q6_K's -32
+ * offset shares the main scale and joins the integer sum. */
+
+typedef struct k_dec {
+    __m256i q[8];
+    __m256i sc[8];
+    __m256i m; /* Q4_K/Q5_K: min per pair of 16-sums; Q6_K: -32*scale per 16-sum */
+    float d, dmin;
+} k_dec;
+
+enum k_kind { K4, K5, K6 };
+
+TGT INLINE void k45_decode(bool five, const uint8_t *row, int64_t b, k_dec *o)
+{
+    const uint8_t *blk = row + b * (int64_t)(five ? sizeof(block_q5_k) : sizeof(block_q4_k));
+    const uint8_t *scales = blk + offsetof(block_q4_k, scales);
+    const uint8_t *qs = blk + (five ? offsetof(block_q5_k, qs) : offsetof(block_q4_k, qs));
+    uint16_t h[2];
+    memcpy(h, blk, 4);
+    o->d = _cvtsh_ss(h[0]);
+    o->dmin = _cvtsh_ss(h[1]);
+    uint8_t sc[8], m[8];
+    for (int j = 0; j < 8; j++)
+        blade_k_scale_min(j, scales, &sc[j], &m[j]);
+    for (int j = 0; j < 8; j++)
+        o->sc[j] = _mm256_set1_epi16(sc[j]);
+    o->m = _mm256_setr_epi16(m[0], m[0], m[1], m[1], m[2], m[2], m[3], m[3], m[4], m[4], m[5], m[5], m[6], m[6],
+                             m[7], m[7]);
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(blk + offsetof(block_q5_k, qh))) : _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 2)));
+        __m256i q = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(v, 4) : v, lo4);
+        if (five) {
+            __m256i bit = _mm256_set1_epi8((char)(1 << j));
+            __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+            q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+        }
+        o->q[j] = q;
+    }
+}
+
+TGT INLINE void q6_k_decode(const uint8_t *row, int64_t b, k_dec *o)
+{
+    const uint8_t *blk = row + b * (int64_t)sizeof(block_q6_k);
+    uint16_t h;
+    memcpy(&h, blk + offsetof(block_q6_k, d), 2);
+    o->d = _cvtsh_ss(h);
+    o->dmin = 0.0f;
+    const int8_t *s = (const int8_t *)blk + offsetof(block_q6_k, scales);
+    for (int v = 0; v < 8; v++)
+        o->sc[v] = _mm256_setr_m128i(_mm_set1_epi16(s[2 * v]), _mm_set1_epi16(s[2 * v + 1]));
+    __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)s));
+    o->m = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s16, 5));
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30);
+    for (int v = 0; v < 8; v++) {
+        /* Vector v: half v/4, 32-run c = v%4 (see quant_ref.c); the run's two high bits
+         * are bits 2c..2c+1 of qh, moved to bits 4-5. */
+        int half = v / 4, c = v % 4;
+        __m256i ql = _mm256_loadu_si256((const __m256i *)(blk + offsetof(block_q6_k, ql) + 64 * half + 32 * (c & 1)));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + offsetof(block_q6_k, qh) + 32 * half));
+        __m256i lo = _mm256_and_si256(c >> 1 ? _mm256_srli_epi16(ql, 4) : ql, lo4);
+        __m256i hb = c == 0 ? _mm256_slli_epi16(qh, 4) : c == 1 ? _mm256_slli_epi16(qh, 2) : c == 2 ? qh : _mm256_srli_epi16(qh, 2);
+        o->q[v] = _mm256_or_si256(lo, _mm256_and_si256(hb, hi2));
+    }
+}
+
+TGT INLINE void k_decode(enum k_kind kind, const uint8_t *row, int64_t b, k_dec *o)
+{
+    if (kind == K6)
+        q6_k_decode(row, b, o);
+    else
+        k45_decode(kind == K5, row, b, o);
+}
+
+TGT INLINE __m256i k_dot32(__m256i acc, __m256i q, const int8_t *x, __m256i sc)
+{
+    __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)x));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+}
+
+TGT INLINE __m256 k_finish(enum k_kind kind, const k_dec *w, __m256i isum, const int16_t *sum16, float dx, __m256 acc)
+{
+    __m256i xs = _mm256_loadu_si256((const __m256i *)sum16);
+    if (kind == K6) {
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(xs, w->m));
+        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(w->d * dx), acc);
+    }
+    __m256i msum = _mm256_madd_epi16(xs, w->m);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(w->d * dx), acc);
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(w->dmin * dx), acc);
+}
+
+TGT INLINE float k_gemv(enum k_kind kind, const uint8_t *row, act_k_view a, int64_t nsb)
+{
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        k_dec w;
+        k_decode(kind, row, b, &w);
+        __m256i isum = _mm256_setzero_si256();
+        for (int v = 0; v < 8; v++)
+            isum = k_dot32(isum, w.q[v], a.q + QK_K * b + 32 * v, w.sc[v]);
+        acc = k_finish(kind, &w, isum, a.sum16 + 16 * b, a.d[b], acc);
+    }
+    return hsum(acc);
+}
+
+TGT INLINE void k_tile(enum k_kind kind, int T, const k_dec *pk, int64_t nsb, const act_k_view *xa, float *out)
+{
+    __m256 acc[TILE_R][TILE_T];
+    for (int r = 0; r < TILE_R; r++)
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        __m256i isum[TILE_R][TILE_T];
+        for (int r = 0; r < TILE_R; r++)
+            for (int t = 0; t < T; t++)
+                isum[r][t] = _mm256_setzero_si256();
+        for (int v = 0; v < 8; v++) {
+            for (int t = 0; t < T; t++) {
+                const int8_t *x = xa[t].q + QK_K * b + 32 * v;
+                for (int r = 0; r < TILE_R; r++)
+                    isum[r][t] = k_dot32(isum[r][t], pk[r * nsb + b].q[v], x, pk[r * nsb + b].sc[v]);
+            }
+        }
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < TILE_R; r++)
+                acc[r][t] = k_finish(kind, &pk[r * nsb + b], isum[r][t], xa[t].sum16 + 16 * b, xa[t].d[b], acc[r][t]);
+    }
+    for (int r = 0; r < TILE_R; r++)
+        for (int t = 0; t < T; t++)
+            out[r * TILE_T + t] = hsum(acc[r][t]);
+}
+
+TGT INLINE void k_matmul(enum k_kind kind, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
+                         float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    int64_t nsb = n / QK_K;
+    const uint8_t *rows[TILE_R];
+    float out[TILE_R * TILE_T];
+    if (n_tok == 1) {
+        act_k_view a = act_k_at(X, n);
+        for (int64_t r = r0; r < r1; r++)
+            Y[r] = k_gemv(kind, (const uint8_t *)W + r * (int64_t)w_stride, a, nsb);
+        return;
+    }
+    k_dec *pk = pack_alloc(sizeof(k_dec) * TILE_R * (size_t)nsb);
+    act_k_view xa[TILE_T];
+    for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {
+        int64_t c1 = c + TOKEN_CHUNK < n_tok ? c + TOKEN_CHUNK : n_tok;
+        for (int64_t r = r0; r < r1; r += TILE_R) {
+            tile_rows(W, w_stride, r, r1, TILE_R, rows);
+            for (int i = 0; i < TILE_R; i++)
+                for (int64_t b = 0; b < nsb; b++)
+                    k_decode(kind, rows[i], b, &pk[i * nsb + b]);
+            int64_t nr = r1 - r < TILE_R ? r1 - r : TILE_R;
+            for (int64_t t = c; t < c1; t += TILE_T) {
+                int64_t nt = c1 - t < TILE_T ? c1 - t : TILE_T;
+                for (int j = 0; j < nt; j++)
+                    xa[j] = act_k_at((const uint8_t *)X + (t + j) * (int64_t)x_stride, n);
+                if (nt == 1)
+                    k_tile(kind, 1, pk, nsb, xa, out);
+                else if (nt == 2)
+                    k_tile(kind, 2, pk, nsb, xa, out);
+                else
+                    k_tile(kind, 3, pk, nsb, xa, out);
+                store_tile(Y, ldy, r, nr, t, nt, out, TILE_T);
+            }
+        }
+    }
+    free(pk);
+}
+
+#define K_KERNEL(name, kind)                                                                                 \
+    TGT static void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y, \
+                         int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                 \
+    {                                                                                                        \
+        k_matmul(kind, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                                 \
+    }
+
+K_KERNEL(mm_q4_k, K4)
+K_KERNEL(mm_q5_k, K5)
+K_KERNEL(mm_q6_k, K6)
+
+/* ------------------------------------------------------------ F32, F16, BF16 ----
+ * Unit: 8 weights, one FMA per unit and (row, token). A row's tail past the last full
+ * unit is copied into a zeroed buffer first (the activation padding is zero). */
+
+enum f_kind { F32, F16, BF16 };
+
+#define F_TILE_R 3
+#define F_TILE_T 4
+
+static size_t f_elem_bytes(enum f_kind kind)
+{
+    return kind == F32 ? 4 : 2;
+}
+
+TGT INLINE __m256 f_load(enum f_kind kind, const uint8_t *p)
+{
+    if (kind == F32)
+        return _mm256_loadu_ps((const float *)p);
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (kind == F16)
+        return _mm256_cvtph_ps(h);
+    /* bf16 is the top half of an f32. */
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+TGT INLINE __m256 x_load(enum f_kind kind, const void *x, int64_t u)
+{
+    if (kind == BF16)
+        return f_load(BF16, (const uint8_t *)x + 16 * u);
+    return _mm256_loadu_ps((const float *)x + 8 * u);
+}
+
+TGT INLINE void f_step(enum f_kind kind, int R, int T, const uint8_t *const *w, const void *const *xs, int64_t u,
+                       __m256 acc[][F_TILE_T])
+{
+    __m256 wv[F_TILE_R];
+    for (int r = 0; r < R; r++)
+        wv[r] = f_load(kind, w[r]);
+    for (int t = 0; t < T; t++) {
+        __m256 x = x_load(kind, xs[t], u);
+        for (int r = 0; r < R; r++)
+            acc[r][t] = _mm256_fmadd_ps(wv[r], x, acc[r][t]);
+    }
+}
+
+TGT INLINE void f_tile(enum f_kind kind, int R, int T, const uint8_t *const *rows, const void *const *xs, int64_t n,
+                      float *out)
+{
+    size_t eb = f_elem_bytes(kind);
+    __m256 acc[F_TILE_R][F_TILE_T];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm256_setzero_ps();
+    const uint8_t *w[F_TILE_R];
+    for (int64_t u = 0; u < n / 8; u++) {
+        for (int r = 0; r < R; r++)
+            w[r] = rows[r] + 8 * eb * (size_t)u;
+        f_step(kind, R, T, w, xs, u, acc);
+    }
+    if (n % 8) {
+        uint8_t tail[F_TILE_R][32];
+        memset(tail, 0, sizeof tail);
+        for (int r = 0; r < R; r++) {
+            memcpy(tail[r], rows[r] + 8 * eb * (size_t)(n / 8), (size_t)(n % 8) * eb);
+            w[r] = tail[r];
+        }
+        f_step(kind, R, T, w, xs, n / 8, acc);
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            out[r * F_TILE_T + t] = hsum(acc[r][t]);
+}
+
+TGT INLINE void f_matmul(enum f_kind kind, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
+                         float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    const uint8_t *rows[F_TILE_R];
+    const void *xs[F_TILE_T];
+    float out[F_TILE_R * F_TILE_T];
+    if (n_tok == 1) {
+        xs[0] = X;
+        for (int64_t r = r0; r < r1; r++) {
+            rows[0] = (const uint8_t *)W + r * (int64_t)w_stride;
+            f_tile(kind, 1, 1, rows, xs, n, out);
+            Y[r] = out[0];
+        }
+        return;
+    }
+    for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {
+        int64_t c1 = c + TOKEN_CHUNK < n_tok ? c + TOKEN_CHUNK : n_tok;
+        for (int64_t r = r0; r < r1; r += F_TILE_R) {
+            tile_rows(W, w_stride, r, r1, F_TILE_R, rows);
+            int64_t nr = r1 - r < F_TILE_R ? r1 - r : F_TILE_R;
+            for (int64_t t = c; t < c1; t += F_TILE_T) {
+                int64_t nt = c1 - t < F_TILE_T ? c1 - t : F_TILE_T;
+                for (int j = 0; j < nt; j++)
+                    xs[j] = (const uint8_t *)X + (t + j) * (int64_t)x_stride;
+                if (nt == 1)
+                    f_tile(kind, F_TILE_R, 1, rows, xs, n, out);
+                else if (nt == 2)
+                    f_tile(kind, F_TILE_R, 2, rows, xs, n, out);
+                else if (nt == 3)
+                    f_tile(kind, F_TILE_R, 3, rows, xs, n, out);
+                else
+                    f_tile(kind, F_TILE_R, 4, rows, xs, n, out);
+                store_tile(Y, ldy, r, nr, t, nt, out, F_TILE_T);
+            }
+        }
+    }
+}
+
+#define F_KERNEL(name, kind)                                                                                 \
+    TGT static void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y, \
+                         int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                 \
+    {                                                                                                        \
+        f_matmul(kind, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                                 \
+    }
+
+F_KERNEL(mm_f32, F32)
+F_KERNEL(mm_f16, F16)
+F_KERNEL(mm_bf16, BF16)
+
+/* ---------------------------------------------------------- activation rows ----
+ * Same arithmetic as matmul.c's portable converters, eight elements at a time. */
+
+/* |x| with NaNs as zero, so the block maximum skips them as the scalar comparison does. */
+TGT INLINE __m256 abs_ordered(__m256 x)
+{
+    __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+    return _mm256_and_ps(a, _mm256_cmp_ps(a, a, _CMP_ORD_Q));
+}
+
+TGT INLINE float hmax(__m256 v)
+{
+    __m128 q = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_max_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+
+TGT INLINE int32_t hsum_i32(__m256i v)
+{
+    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4E));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xB1));
+    return _mm_cvtsi128_si32(q);
+}
+
+/* Eight values to int8 levels, as quantize_run in matmul.c. */
+TGT INLINE __m256i quantize8(__m256 x, __m256 id)
+{
+    __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(x, id));
+    return _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+}
+
+/* Stores sixteen int32 values in [-127, 127] (two vectors) as int8. */
+TGT INLINE void store16_i8(int8_t *q, __m256i a, __m256i b)
+{
+    __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+    __m128i v = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    _mm_storeu_si128((__m128i *)q, v);
+}
+
+TGT static void act_q8(const float *x, void *out, int64_t n)
+{
+    act_q8_view v = act_q8_at(out, n);
+    int8_t *q = (int8_t *)v.q;
+    float *d = (float *)v.d;
+    int32_t *sum = (int32_t *)v.sum;
+    for (int64_t b = 0; b < n / QK8_0; b++) {
+        const float *xb = x + QK8_0 * b;
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++)
+            m = _mm256_max_ps(m, abs_ordered(_mm256_loadu_ps(xb + 8 * j)));
+        float amax = hmax(m);
+        if (!(amax >= 1e-30f))
+            continue; /* stays zero, as blade_act_convert cleared it */
+        __m256 id = _mm256_set1_ps(127.0f / amax);
+        __m256i qv[4];
+        for (int j = 0; j < 4; j++)
+            qv[j] = quantize8(_mm256_loadu_ps(xb + 8 * j), id);
+        store16_i8(q + QK8_0 * b, qv[0], qv[1]);
+        store16_i8(q + QK8_0 * b + 16, qv[2], qv[3]);
+        sum[b] = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(qv[0], qv[1]), _mm256_add_epi32(qv[2], qv[3])));
+        d[b] = amax / 127.0f;
+    }
+}
+
+TGT static void act_k(const float *x, void *out, int64_t n)
+{
+    act_k_view v = act_k_at(out, n);
+    int8_t *q = (int8_t *)v.q;
+    float *d = (float *)v.d;
+    int16_t *sum16 = (int16_t *)v.sum16;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        const float *xb = x + QK_K * b;
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < QK_K / 8; j++)
+            m = _mm256_max_ps(m, abs_ordered(_mm256_loadu_ps(xb + 8 * j)));
+        float amax = hmax(m);
+        if (!(amax >= 1e-30f))
+            continue;
+        __m256 id = _mm256_set1_ps(127.0f / amax);
+        for (int g = 0; g < QK_K / 16; g++) {
+            __m256i a = quantize8(_mm256_loadu_ps(xb + 16 * g), id);
+            __m256i c = quantize8(_mm256_loadu_ps(xb + 16 * g + 8), id);
+            store16_i8(q + QK_K * b + 16 * g, a, c);
+            sum16[16 * b + g] = (int16_t)hsum_i32(_mm256_add_epi32(a, c));
+        }
+        d[b] = amax / 127.0f;
+    }
+}
+
+TGT static void act_bf16(const float *x, void *out, int64_t n)
+{
+    uint16_t *o = out;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i h[2];
+        for (int j = 0; j < 2; j++) {
+            __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i + 8 * j));
+            /* Round to nearest even on the bits; NaNs keep their top bits, made quiet. The
+             * magnitude compare is signed, which is exact once the sign bit is cleared. */
+            __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                             _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+            __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                             _mm256_set1_epi32(0x7f800000));
+            h[j] = _mm256_blendv_epi8(_mm256_srli_epi32(r, 16),
+                                      _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), nan);
+        }
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(h[0], h[1]), 0xD8);
+        _mm256_storeu_si256((__m256i *)(o + i), p);
+    }
+    for (; i < n; i++)
+        o[i] = blade_fp32_to_bf16(x[i]);
+}
+
+blade_act_fn blade_act_avx2_converter(uint32_t type)
+{
+    switch (type) {
+    case BLADE_TYPE_Q8_0:
+    case BLADE_TYPE_Q4_0:
+        return act_q8;
+    case BLADE_TYPE_Q4_K:
+    case BLADE_TYPE_Q5_K:
+    case BLADE_TYPE_Q6_K:
+        return act_k;
+    case BLADE_TYPE_BF16:
+        return act_bf16;
+    default:
+        return NULL;
+    }
+}
+
+blade_matmul_fn blade_matmul_avx2_kernel(uint32_t type)
+{
+    switch (type) {
+    case BLADE_TYPE_F32:
+        return mm_f32;
+    case BLADE_TYPE_F16:
+        return mm_f16;
+    case BLADE_TYPE_BF16:
+        return mm_bf16;
+    case BLADE_TYPE_Q8_0:
+        return mm_q8_0;
+    case BLADE_TYPE_Q4_0:
+        return mm_q4_0;
+    case BLADE_TYPE_Q4_K:
+        return mm_q4_k;
+    case BLADE_TYPE_Q5_K:
+        return mm_q5_k;
+    case BLADE_TYPE_Q6_K:
+        return mm_q6_k;
+    default:
+        return NULL;
+    }
+}
+
+#endif

@@ -1,0 +1,760 @@
+#include "kernels/kernels_internal.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* AVX-512 kernels. Every function carries its own target attribute so the rest of the
+ * project stays generic x86-64; blade_matmul only calls in here after CPUID checks.
+ *
+ * Batch invariance: for each (row, token) the float operations are a fixed sequence: one
+ * 16-lane accumulator updated once per decode unit (a pair of 32-blocks, a 256
+ * super-block, or 16/32 floats) in order along the row, then the same horizontal sum.
+ * Integer parts are exact, so the order in which a tile gathers them is free. The
+ * one-token path and the tiles call the same per-unit step functions. */
+
+#define ISA_F "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
+#define TGT_F __attribute__((target(ISA_F)))
+#define TGT_Q __attribute__((target(ISA_F ",avx512vnni")))
+#define TGT_BF __attribute__((target(ISA_F ",avx512bf16")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* Row x token tile of the many-token path. The one-token path takes one row at a time:
+ * a single sequential weight stream is what the hardware prefetchers follow best (four
+ * interleaved row streams measured at half the bandwidth), and the per-unit work is
+ * long enough that one accumulator chain does not limit it. */
+#define TILE_R 3
+#define TILE_T 4
+/* Tokens whose converted activations stay cache-resident while a row tile's decoded
+ * weights are reused across them. */
+#define TOKEN_CHUNK 64
+
+/* Calls CALL(T) with T = nt as a compile-time constant (nt <= TMAX <= 8), so each tile
+ * shape is its own fully unrolled instance. */
+#define WITH_CONST_T(nt, TMAX, CALL)                                                                                   \
+    switch (nt) {                                                                                                      \
+    case 1:                                                                                                            \
+        CALL(1);                                                                                                       \
+        break;                                                                                                         \
+    case 2:                                                                                                            \
+        CALL(2 <= (TMAX) ? 2 : (TMAX));                                                                                \
+        break;                                                                                                         \
+    case 3:                                                                                                            \
+        CALL(3 <= (TMAX) ? 3 : (TMAX));                                                                                \
+        break;                                                                                                         \
+    case 4:                                                                                                            \
+        CALL(4 <= (TMAX) ? 4 : (TMAX));                                                                                \
+        break;                                                                                                         \
+    case 5:                                                                                                            \
+        CALL(5 <= (TMAX) ? 5 : (TMAX));                                                                                \
+        break;                                                                                                         \
+    case 6:                                                                                                            \
+        CALL(6 <= (TMAX) ? 6 : (TMAX));                                                                                \
+        break;                                                                                                         \
+    case 7:                                                                                                            \
+        CALL(7 <= (TMAX) ? 7 : (TMAX));                                                                                \
+        break;                                                                                                         \
+    default:                                                                                                           \
+        CALL(8 <= (TMAX) ? 8 : (TMAX));                                                                                \
+        break;                                                                                                         \
+    }
+
+TGT_F INLINE float hsum(__m512 v)
+{
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+
+static void store_tile(float *Y, int64_t ldy, int64_t r, int64_t nr, int64_t t, int64_t nt, const float *out)
+{
+    for (int64_t j = 0; j < nt; j++)
+        for (int64_t i = 0; i < nr; i++)
+            Y[(t + j) * ldy + r + i] = out[i * TILE_T + j];
+}
+
+/* Rows of a tile past r1 repeat the last row: wasted work only at the range's end, and
+ * no kernel needs a partial-tile variant. */
+static void tile_rows(const void *W, size_t w_stride, int64_t r, int64_t r1, int R, const uint8_t **rows)
+{
+    for (int i = 0; i < R; i++)
+        rows[i] = (const uint8_t *)W + (r + i < r1 ? r + i : r1 - 1) * (int64_t)w_stride;
+}
+
+static void *pack_alloc(size_t bytes)
+{
+    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!p)
+        abort();
+    return p;
+}
+
+/* ---------------------------------------------------------------- Q8_0 and Q4_0 ----
+ * Unit: a pair of 32-blocks in one vector (lanes 0-7 the first block, 8-15 the second).
+ * Weights become unsigned bytes (Q4_0: q in 0..15; Q8_0: q+128) so vpdpbusd can take
+ * them against the signed activations; the offset times the activation sum per 4-lane
+ * (computed once per token and unit, shared by all rows) starts the integer sum, which
+ * is then exact. One convert and one FMA per unit fold in the two blocks' scales. */
+
+typedef struct q32_dec {
+    __m512i q;
+    __m512 d;
+} q32_dec;
+
+typedef struct q32_tok {
+    __m512i x, start;
+    __m512 d;
+} q32_tok;
+
+TGT_F INLINE __m512 pair_scales(__m128 two)
+{
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                 _mm512_castps128_ps512(two));
+}
+
+TGT_F INLINE __m512 pair_scales_fp16(uint16_t h0, uint16_t h1)
+{
+    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)), _mm_set1_epi16((short)h1), 1);
+    return _mm512_cvtph_ps(h);
+}
+
+/* `two` is false only for a row's final odd block; its partner lanes get zero weight and
+ * zero scale (the activation padding is zero as well). */
+TGT_F INLINE void q4_0_decode(const uint8_t *w, int64_t p, bool two, q32_dec *o)
+{
+    const uint8_t *b0 = w + 2 * p * (int64_t)sizeof(block_q4_0), *b1 = b0 + sizeof(block_q4_0);
+    __m128i n0 = _mm_loadu_si128((const __m128i *)(b0 + 2));
+    __m128i n1 = two ? _mm_loadu_si128((const __m128i *)(b1 + 2)) : _mm_setzero_si128();
+    uint16_t h0, h1 = 0;
+    memcpy(&h0, b0, 2);
+    if (two)
+        memcpy(&h1, b1, 2);
+    /* [n0 n0 n1 n1] then low nibbles in 128-bit lanes 0/2, high nibbles in 1/3. */
+    __m256i y = _mm256_inserti128_si256(_mm256_castsi128_si256(n0), n1, 1);
+    __m512i z = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), _mm512_castsi256_si512(y));
+    z = _mm512_srlv_epi16(z, _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0,
+                                                0x0004000400040004, 0x0004000400040004));
+    o->q = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+    o->d = pair_scales_fp16(h0, h1);
+}
+
+TGT_F INLINE void q8_0_decode(const uint8_t *w, int64_t p, bool two, q32_dec *o)
+{
+    const uint8_t *b0 = w + 2 * p * (int64_t)sizeof(block_q8_0), *b1 = b0 + sizeof(block_q8_0);
+    __m256i q0 = _mm256_loadu_si256((const __m256i *)(b0 + 2));
+    __m256i q1 = two ? _mm256_loadu_si256((const __m256i *)(b1 + 2)) : _mm256_set1_epi8((char)0x80);
+    uint16_t h0, h1 = 0;
+    memcpy(&h0, b0, 2);
+    if (two)
+        memcpy(&h1, b1, 2);
+    o->q = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1), _mm512_set1_epi8((char)0x80));
+    o->d = pair_scales_fp16(h0, h1);
+}
+
+TGT_Q INLINE void q32_token(bool q4, act_q8_view a, int64_t p, q32_tok *o)
+{
+    const __m512i offset = _mm512_set1_epi8(q4 ? 8 : (char)0x80);
+    o->x = _mm512_loadu_si512(a.q + 64 * p);
+    o->start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, o->x));
+    o->d = pair_scales(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(a.d + 2 * p))));
+}
+
+TGT_Q INLINE __m512 q32_step(const q32_dec *w, const q32_tok *x, __m512 acc)
+{
+    __m512i i = _mm512_dpbusd_epi32(x->start, w->q, x->x);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(w->d, x->d), acc);
+}
+
+TGT_Q INLINE void q32_decode(bool q4, const uint8_t *w, int64_t p, bool two, q32_dec *o)
+{
+    if (q4)
+        q4_0_decode(w, p, two, o);
+    else
+        q8_0_decode(w, p, two, o);
+}
+
+/* xt: the token side of every unit, computed once per call and shared by all rows. */
+TGT_Q INLINE float q32_gemv(bool q4, const uint8_t *row, const q32_tok *xt, int64_t nb)
+{
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t p = 0; p < nb / 2; p++) {
+        q32_dec w;
+        q32_decode(q4, row, p, true, &w);
+        acc = q32_step(&w, &xt[p], acc);
+    }
+    if (nb & 1) {
+        q32_dec w;
+        q32_decode(q4, row, nb / 2, false, &w);
+        acc = q32_step(&w, &xt[nb / 2], acc);
+    }
+    return hsum(acc);
+}
+
+TGT_Q INLINE void q32_tile(bool q4, int T, const q32_dec *pk, int64_t np, const act_q8_view *xa, float *out)
+{
+    __m512 acc[TILE_R][TILE_T];
+    for (int r = 0; r < TILE_R; r++)
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < np; p++) {
+        for (int t = 0; t < T; t++) {
+            q32_tok x;
+            q32_token(q4, xa[t], p, &x);
+            for (int r = 0; r < TILE_R; r++)
+                acc[r][t] = q32_step(&pk[r * np + p], &x, acc[r][t]);
+        }
+    }
+    for (int r = 0; r < TILE_R; r++)
+        for (int t = 0; t < T; t++)
+            out[r * TILE_T + t] = hsum(acc[r][t]);
+}
+
+TGT_Q INLINE void q32_matmul(bool q4, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
+                             float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    int64_t nb = n / QK8_0, np = (nb + 1) / 2;
+    const uint8_t *rows[TILE_R];
+    float out[TILE_R * TILE_T];
+    if (n_tok == 1) {
+        act_q8_view a = act_q8_at(X, n);
+        q32_tok *xt = pack_alloc(sizeof(q32_tok) * (size_t)np);
+        for (int64_t p = 0; p < np; p++)
+            q32_token(q4, a, p, &xt[p]);
+        for (int64_t r = r0; r < r1; r++)
+            Y[r] = q32_gemv(q4, (const uint8_t *)W + r * (int64_t)w_stride, xt, nb);
+        free(xt);
+        return;
+    }
+    q32_dec *pk = pack_alloc(sizeof(q32_dec) * TILE_R * (size_t)np);
+    act_q8_view xa[TILE_T];
+    for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {
+        int64_t c1 = c + TOKEN_CHUNK < n_tok ? c + TOKEN_CHUNK : n_tok;
+        for (int64_t r = r0; r < r1; r += TILE_R) {
+            tile_rows(W, w_stride, r, r1, TILE_R, rows);
+            for (int i = 0; i < TILE_R; i++) {
+                for (int64_t p = 0; p < nb / 2; p++)
+                    q32_decode(q4, rows[i], p, true, &pk[i * np + p]);
+                if (nb & 1)
+                    q32_decode(q4, rows[i], nb / 2, false, &pk[i * np + nb / 2]);
+            }
+            int64_t nr = r1 - r < TILE_R ? r1 - r : TILE_R;
+            for (int64_t t = c; t < c1; t += TILE_T) {
+                int64_t nt = c1 - t < TILE_T ? c1 - t : TILE_T;
+                for (int j = 0; j < nt; j++)
+                    xa[j] = act_q8_at((const uint8_t *)X + (t + j) * (int64_t)x_stride, n);
+#define Q32_TILE(T) q32_tile(q4, T, pk, np, xa, out)
+                WITH_CONST_T(nt, TILE_T, Q32_TILE)
+#undef Q32_TILE
+                store_tile(Y, ldy, r, nr, t, nt, out);
+            }
+        }
+    }
+    free(pk);
+}
+
+TGT_Q static void mm_q4_0(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
+                          int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    q32_matmul(true, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
+}
+
+TGT_Q static void mm_q8_0(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
+                          int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    q32_matmul(false, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
+}
+
+/* ------------------------------------------------------------ Q4_K, Q5_K, Q6_K ----
+ * Unit: a 256 super-block as four 64-byte vectors of unsigned quants in natural element
+ * order. vpmaddubsw pairs them with the int8 activations (|q| <= 63 and |x| <= 127 keep
+ * the int16 pair sums below 2^15), vpdpwssd weights each pair by its sub-block scale
+ * into int32, exact over the super-block. Q4_K/Q5_K mins meet the activation group sums
+ * in one vpmaddwd and a second FMA (they carry their own scale dmin); Q6_K's -32 offset
+ * shares the main scale and joins the integer sum. */
+
+typedef struct k_dec {
+    __m512i q[4];
+    __m512i sc[4]; /* int16 scale of each maddubs lane */
+    __m512i m;     /* Q4_K/Q5_K: mins per pair of 16-sums; Q6_K: -32*scale per 16-sum */
+    float d, dmin;
+} k_dec;
+
+enum k_kind { K4, K5, K6 };
+
+TGT_F INLINE __m512i nibbles_64(const uint8_t *qs32)
+{
+    /* Low nibbles of the 32 bytes are the first 32 elements, high nibbles the next 32. */
+    __m512i z = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qs32));
+    z = _mm512_srlv_epi16(z, _mm512_setr_epi64(0, 0, 0, 0, 0x0004000400040004, 0x0004000400040004,
+                                               0x0004000400040004, 0x0004000400040004));
+    return _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+}
+
+TGT_F INLINE void k45_scales(const uint8_t *scales, k_dec *o)
+{
+    uint32_t w0, w1, w2;
+    memcpy(&w0, scales, 4);
+    memcpy(&w1, scales + 4, 4);
+    memcpy(&w2, scales + 8, 4);
+    /* Same unpacking as blade_k_scale_min, four sub-blocks at a time. */
+    uint32_t sc_lo = w0 & 0x3F3F3F3F, m_lo = w1 & 0x3F3F3F3F;
+    uint32_t sc_hi = (w2 & 0x0F0F0F0F) | ((w0 >> 2) & 0x30303030);
+    uint32_t m_hi = ((w2 >> 4) & 0x0F0F0F0F) | ((w1 >> 2) & 0x30303030);
+    __m512i s16 = _mm512_castsi256_si512(
+        _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi)));
+    for (int p = 0; p < 4; p++) {
+        __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)(2 * p))),
+                                         _mm256_set1_epi16((short)(2 * p + 1)), 1);
+        o->sc[p] = _mm512_permutexvar_epi16(idx, s16);
+    }
+    /* The activation sums sit in the low 16 int16 lanes (upper lanes zero), so only the
+     * low half of the pattern matters: min j for 16-sums 2j and 2j+1. */
+    o->m = _mm512_permutexvar_epi16(_mm512_setr_epi64(0x0009000900080008, 0x000B000B000A000A, 0x000D000D000C000C,
+                                                      0x000F000F000E000E, 0, 0, 0, 0),
+                                    s16);
+}
+
+TGT_F INLINE void q4_k_decode(const uint8_t *w, int64_t b, k_dec *o)
+{
+    const uint8_t *blk = w + b * (int64_t)sizeof(block_q4_k);
+    uint16_t h[2];
+    memcpy(h, blk, 4);
+    o->d = _cvtsh_ss(h[0]);
+    o->dmin = _cvtsh_ss(h[1]);
+    k45_scales(blk + offsetof(block_q4_k, scales), o);
+    for (int p = 0; p < 4; p++)
+        o->q[p] = nibbles_64(blk + offsetof(block_q4_k, qs) + 32 * p);
+}
+
+TGT_F INLINE void q5_k_decode(const uint8_t *w, int64_t b, k_dec *o)
+{
+    const uint8_t *blk = w + b * (int64_t)sizeof(block_q5_k);
+    uint16_t h[2];
+    memcpy(h, blk, 4);
+    o->d = _cvtsh_ss(h[0]);
+    o->dmin = _cvtsh_ss(h[1]);
+    k45_scales(blk + offsetof(block_q5_k, scales), o);
+    __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + offsetof(block_q5_k, qh))));
+    /* Sub-block j's fifth bits are bit j of qh[0..31]: bit 2p for the low half of vector
+     * p, bit 2p+1 for the high half. */
+    __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8(1), _mm256_set1_epi8(2), 1);
+    for (int p = 0; p < 4; p++) {
+        __m512i q = nibbles_64(blk + offsetof(block_q5_k, qs) + 32 * p);
+        o->q[p] = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(qh, bit), q, _mm512_set1_epi8(16));
+        bit = _mm512_slli_epi16(bit, 2);
+    }
+}
+
+TGT_F INLINE void q6_k_decode(const uint8_t *w, int64_t b, k_dec *o)
+{
+    const uint8_t *blk = w + b * (int64_t)sizeof(block_q6_k);
+    uint16_t h;
+    memcpy(&h, blk + offsetof(block_q6_k, d), 2);
+    o->d = _cvtsh_ss(h);
+    o->dmin = 0.0f;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), hi2 = _mm512_set1_epi8(0x30);
+    for (int half = 0; half < 2; half++) {
+        __m512i ql = _mm512_loadu_si512(blk + offsetof(block_q6_k, ql) + 64 * half);
+        __m512i qh = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256((const __m256i *)(blk + offsetof(block_q6_k, qh) + 32 * half)));
+        /* Elements 128h + 32c + l take bits 2c..2c+1 of qh[l]; moved to bits 4-5 by a
+         * left shift of 4, 2 (runs 0, 1) or a right shift of 0, 2 (runs 2, 3). Cross-byte
+         * spill from the 16-bit shifts lands outside the 0x30 mask. */
+        __m512i h01 = _mm512_and_si512(_mm512_sllv_epi16(qh, _mm512_setr_epi64(
+                                                                 0x0004000400040004, 0x0004000400040004,
+                                                                 0x0004000400040004, 0x0004000400040004,
+                                                                 0x0002000200020002, 0x0002000200020002,
+                                                                 0x0002000200020002, 0x0002000200020002)),
+                                       hi2);
+        __m512i h23 = _mm512_and_si512(_mm512_srlv_epi16(qh, _mm512_setr_epi64(0, 0, 0, 0, 0x0002000200020002,
+                                                                                 0x0002000200020002,
+                                                                                 0x0002000200020002,
+                                                                                 0x0002000200020002)),
+                                       hi2);
+        o->q[2 * half] = _mm512_or_si512(_mm512_and_si512(ql, lo4), h01);
+        o->q[2 * half + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), lo4), h23);
+    }
+    __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + offsetof(block_q6_k, scales))));
+    __m512i s = _mm512_castsi256_si512(s16);
+    for (int c = 0; c < 4; c++) {
+        /* Vector c holds groups 4c..4c+3, eight int16 lanes each. */
+        __m512i idx = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_setr_m128i(_mm_set1_epi16((short)(4 * c)), _mm_set1_epi16((short)(4 * c + 1)))),
+            _mm256_setr_m128i(_mm_set1_epi16((short)(4 * c + 2)), _mm_set1_epi16((short)(4 * c + 3))), 1);
+        o->sc[c] = _mm512_permutexvar_epi16(idx, s);
+    }
+    o->m = _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s16, 5)));
+}
+
+TGT_F INLINE void k_decode(enum k_kind kind, const uint8_t *w, int64_t b, k_dec *o)
+{
+    if (kind == K4)
+        q4_k_decode(w, b, o);
+    else if (kind == K5)
+        q5_k_decode(w, b, o);
+    else
+        q6_k_decode(w, b, o);
+}
+
+TGT_Q INLINE __m512i k_dot64(__m512i acc, __m512i q, const int8_t *x, __m512i sc)
+{
+    return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q, _mm512_loadu_si512(x)), sc);
+}
+
+/* The float part of one super-block for one (row, token); isum holds the exact
+ * scale-weighted quant sums. */
+TGT_Q INLINE __m512 k_finish(enum k_kind kind, const k_dec *w, __m512i isum, __m512i xs, float dx, __m512 acc)
+{
+    if (kind == K6) {
+        isum = _mm512_dpwssd_epi32(isum, xs, w->m);
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(w->d * dx), acc);
+    }
+    __m512i msum = _mm512_madd_epi16(xs, w->m);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(w->d * dx), acc);
+    return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_set1_ps(w->dmin * dx), acc);
+}
+
+TGT_Q INLINE __m512i k_sums(act_k_view a, int64_t b)
+{
+    return _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(a.sum16 + 16 * b)));
+}
+
+TGT_Q INLINE float k_gemv(enum k_kind kind, const uint8_t *row, act_k_view a, int64_t nsb)
+{
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        k_dec w;
+        k_decode(kind, row, b, &w);
+        __m512i isum = _mm512_setzero_si512();
+        for (int p = 0; p < 4; p++)
+            isum = k_dot64(isum, w.q[p], a.q + QK_K * b + 64 * p, w.sc[p]);
+        acc = k_finish(kind, &w, isum, k_sums(a, b), a.d[b], acc);
+    }
+    return hsum(acc);
+}
+
+TGT_Q INLINE void k_tile(enum k_kind kind, int T, const k_dec *pk, int64_t nsb, const act_k_view *xa, float *out)
+{
+    __m512 acc[TILE_R][TILE_T];
+    for (int r = 0; r < TILE_R; r++)
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        __m512i isum[TILE_R][TILE_T];
+        for (int r = 0; r < TILE_R; r++)
+            for (int t = 0; t < T; t++)
+                isum[r][t] = _mm512_setzero_si512();
+        for (int p = 0; p < 4; p++) {
+            __m512i q[TILE_R];
+            for (int r = 0; r < TILE_R; r++)
+                q[r] = pk[r * nsb + b].q[p];
+            for (int t = 0; t < T; t++) {
+                const int8_t *x = xa[t].q + QK_K * b + 64 * p;
+                for (int r = 0; r < TILE_R; r++)
+                    isum[r][t] = k_dot64(isum[r][t], q[r], x, pk[r * nsb + b].sc[p]);
+            }
+        }
+        for (int t = 0; t < T; t++) {
+            __m512i xs = k_sums(xa[t], b);
+            float dx = xa[t].d[b];
+            for (int r = 0; r < TILE_R; r++)
+                acc[r][t] = k_finish(kind, &pk[r * nsb + b], isum[r][t], xs, dx, acc[r][t]);
+        }
+    }
+    for (int r = 0; r < TILE_R; r++)
+        for (int t = 0; t < T; t++)
+            out[r * TILE_T + t] = hsum(acc[r][t]);
+}
+
+TGT_Q INLINE void k_matmul(enum k_kind kind, const void *W, size_t w_stride, const void *X, size_t x_stride,
+                           int64_t n, float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    int64_t nsb = n / QK_K;
+    const uint8_t *rows[TILE_R];
+    float out[TILE_R * TILE_T];
+    if (n_tok == 1) {
+        act_k_view a = act_k_at(X, n);
+        for (int64_t r = r0; r < r1; r++)
+            Y[r] = k_gemv(kind, (const uint8_t *)W + r * (int64_t)w_stride, a, nsb);
+        return;
+    }
+    k_dec *pk = pack_alloc(sizeof(k_dec) * TILE_R * (size_t)nsb);
+    act_k_view xa[TILE_T];
+    for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {
+        int64_t c1 = c + TOKEN_CHUNK < n_tok ? c + TOKEN_CHUNK : n_tok;
+        for (int64_t r = r0; r < r1; r += TILE_R) {
+            tile_rows(W, w_stride, r, r1, TILE_R, rows);
+            for (int i = 0; i < TILE_R; i++)
+                for (int64_t b = 0; b < nsb; b++)
+                    k_decode(kind, rows[i], b, &pk[i * nsb + b]);
+            int64_t nr = r1 - r < TILE_R ? r1 - r : TILE_R;
+            for (int64_t t = c; t < c1; t += TILE_T) {
+                int64_t nt = c1 - t < TILE_T ? c1 - t : TILE_T;
+                for (int j = 0; j < nt; j++)
+                    xa[j] = act_k_at((const uint8_t *)X + (t + j) * (int64_t)x_stride, n);
+#define K_TILE(T) k_tile(kind, T, pk, nsb, xa, out)
+                WITH_CONST_T(nt, TILE_T, K_TILE)
+#undef K_TILE
+                store_tile(Y, ldy, r, nr, t, nt, out);
+            }
+        }
+    }
+    free(pk);
+}
+
+#define K_KERNEL(name, kind)                                                                                   \
+    TGT_Q static void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y, \
+                           int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                 \
+    {                                                                                                          \
+        k_matmul(kind, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                                   \
+    }
+
+K_KERNEL(mm_q4_k, K4)
+K_KERNEL(mm_q5_k, K5)
+K_KERNEL(mm_q6_k, K6)
+
+/* ------------------------------------------------------------ F32, F16, BF16 ----
+ * Unit: 16 weights (32 for vdpbf16ps) against f32 (bf16) activations, one FMA per unit
+ * and (row, token). Nothing to decode once per tile beyond a conversion, so tiles read
+ * the weights in place; a row's tail past the last full unit is a masked load (the
+ * activation padding is zero). */
+
+enum f_kind { F32, F16 };
+
+#define F_TILE_R 3
+#define F_TILE_T 6
+
+TGT_F INLINE __m512 f_load(enum f_kind kind, const uint8_t *w, int64_t u, __mmask16 m)
+{
+    if (kind == F32)
+        return _mm512_maskz_loadu_ps(m, w + 64 * u);
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + 32 * u));
+}
+
+TGT_F INLINE void f_step(enum f_kind kind, int R, int T, const uint8_t *const *rows, const float *const *xs, int64_t u,
+                         __mmask16 m, __m512 acc[][F_TILE_T])
+{
+    __m512 w[F_TILE_R];
+    for (int r = 0; r < R; r++)
+        w[r] = f_load(kind, rows[r], u, m);
+    for (int t = 0; t < T; t++) {
+        __m512 x = _mm512_loadu_ps(xs[t] + 16 * u);
+        for (int r = 0; r < R; r++)
+            acc[r][t] = _mm512_fmadd_ps(w[r], x, acc[r][t]);
+    }
+}
+
+TGT_F INLINE void f_tile(enum f_kind kind, int R, int T, const uint8_t *const *rows, const float *const *xs, int64_t n,
+                         float *out)
+{
+    __m512 acc[F_TILE_R][F_TILE_T];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm512_setzero_ps();
+    for (int64_t u = 0; u < n / 16; u++)
+        f_step(kind, R, T, rows, xs, u, (__mmask16)0xFFFF, acc);
+    if (n % 16)
+        f_step(kind, R, T, rows, xs, n / 16, (__mmask16)((1u << (n % 16)) - 1), acc);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            out[r * F_TILE_T + t] = hsum(acc[r][t]);
+}
+
+TGT_BF INLINE void bf16_step(int R, int T, const uint8_t *const *rows, const uint16_t *const *xs, int64_t u,
+                             __mmask32 m, __m512 acc[][F_TILE_T])
+{
+    __m512bh w[F_TILE_R];
+    for (int r = 0; r < R; r++)
+        w[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, rows[r] + 64 * u);
+    for (int t = 0; t < T; t++) {
+        __m512bh x = (__m512bh)_mm512_loadu_si512(xs[t] + 32 * u);
+        for (int r = 0; r < R; r++)
+            acc[r][t] = _mm512_dpbf16_ps(acc[r][t], w[r], x);
+    }
+}
+
+TGT_BF INLINE void bf16_tile(int R, int T, const uint8_t *const *rows, const uint16_t *const *xs, int64_t n,
+                             float *out)
+{
+    __m512 acc[F_TILE_R][F_TILE_T];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm512_setzero_ps();
+    for (int64_t u = 0; u < n / 32; u++)
+        bf16_step(R, T, rows, xs, u, (__mmask32)0xFFFFFFFF, acc);
+    if (n % 32)
+        bf16_step(R, T, rows, xs, n / 32, (__mmask32)((1u << (n % 32)) - 1), acc);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            out[r * F_TILE_T + t] = hsum(acc[r][t]);
+}
+
+/* Drives either tile function over the row range and token range. */
+#define F_DRIVER(TGT, name, TILE, xtype)                                                                      \
+    TGT static void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,  \
+                         int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                  \
+    {                                                                                                         \
+        const uint8_t *rows[F_TILE_R];                                                                        \
+        const xtype *xs[F_TILE_T];                                                                            \
+        float out[F_TILE_R * F_TILE_T];                                                                       \
+        if (n_tok == 1) {                                                                                     \
+            xs[0] = X;                                                                                        \
+            for (int64_t r = r0; r < r1; r++) {                                                               \
+                rows[0] = (const uint8_t *)W + r * (int64_t)w_stride;                                         \
+                TILE(1, 1);                                                                                   \
+                Y[r] = out[0];                                                                                \
+            }                                                                                                 \
+            return;                                                                                           \
+        }                                                                                                     \
+        for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {                                                    \
+            int64_t c1 = c + TOKEN_CHUNK < n_tok ? c + TOKEN_CHUNK : n_tok;                                   \
+            for (int64_t r = r0; r < r1; r += F_TILE_R) {                                                     \
+                tile_rows(W, w_stride, r, r1, F_TILE_R, rows);                                                \
+                int64_t nr = r1 - r < F_TILE_R ? r1 - r : F_TILE_R;                                           \
+                for (int64_t t = c; t < c1; t += F_TILE_T) {                                                  \
+                    int64_t nt = c1 - t < F_TILE_T ? c1 - t : F_TILE_T;                                       \
+                    for (int j = 0; j < nt; j++)                                                              \
+                        xs[j] = (const xtype *)((const uint8_t *)X + (t + j) * (int64_t)x_stride);            \
+                    WITH_CONST_T(nt, F_TILE_T, TILE##_FULL)                                                   \
+                    for (int64_t j = 0; j < nt; j++)                                                          \
+                        for (int64_t i = 0; i < nr; i++)                                                      \
+                            Y[(t + j) * ldy + r + i] = out[i * F_TILE_T + j];                                 \
+                }                                                                                             \
+            }                                                                                                 \
+        }                                                                                                     \
+    }
+
+/* TILE(R, T) for the one-token path, TILE_FULL(T) for full row tiles. */
+#define TILE_F32(R, T) f_tile(F32, R, T, rows, xs, n, out)
+#define TILE_F16(R, T) f_tile(F16, R, T, rows, xs, n, out)
+#define TILE_BF16(R, T) bf16_tile(R, T, rows, xs, n, out)
+#define TILE_F32_FULL(T) TILE_F32(F_TILE_R, T)
+#define TILE_F16_FULL(T) TILE_F16(F_TILE_R, T)
+#define TILE_BF16_FULL(T) TILE_BF16(F_TILE_R, T)
+F_DRIVER(TGT_F, mm_f32, TILE_F32, float)
+F_DRIVER(TGT_F, mm_f16, TILE_F16, float)
+F_DRIVER(TGT_BF, mm_bf16, TILE_BF16, uint16_t)
+
+/* ---------------------------------------------------------- activation rows ----
+ * Same arithmetic as matmul.c's portable converters, sixteen elements at a time. */
+
+/* |x| with NaNs as zero, so the block maximum skips them as the scalar comparison does. */
+TGT_F INLINE __m512 abs_ordered(__m512 x)
+{
+    __m512 a = _mm512_abs_ps(x);
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, a, _CMP_ORD_Q), a);
+}
+
+TGT_F INLINE __m512i quantize16(__m512 x, __m512 id)
+{
+    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(x, id));
+    return _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+}
+
+TGT_F static void act_q8(const float *x, void *out, int64_t n)
+{
+    act_q8_view v = act_q8_at(out, n);
+    int8_t *q = (int8_t *)v.q;
+    float *d = (float *)v.d;
+    int32_t *sum = (int32_t *)v.sum;
+    for (int64_t b = 0; b < n / QK8_0; b++) {
+        __m512 x0 = _mm512_loadu_ps(x + QK8_0 * b), x1 = _mm512_loadu_ps(x + QK8_0 * b + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(abs_ordered(x0), abs_ordered(x1)));
+        if (!(amax >= 1e-30f))
+            continue; /* stays zero, as blade_act_convert cleared it */
+        __m512 id = _mm512_set1_ps(127.0f / amax);
+        __m512i q0 = quantize16(x0, id), q1 = quantize16(x1, id);
+        _mm_storeu_si128((__m128i *)(q + QK8_0 * b), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(q + QK8_0 * b + 16), _mm512_cvtepi32_epi8(q1));
+        sum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        d[b] = amax / 127.0f;
+    }
+}
+
+TGT_F static void act_k(const float *x, void *out, int64_t n)
+{
+    act_k_view v = act_k_at(out, n);
+    int8_t *q = (int8_t *)v.q;
+    float *d = (float *)v.d;
+    int16_t *sum16 = (int16_t *)v.sum16;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        const float *xb = x + QK_K * b;
+        __m512 m = _mm512_setzero_ps();
+        for (int g = 0; g < QK_K / 16; g++)
+            m = _mm512_max_ps(m, abs_ordered(_mm512_loadu_ps(xb + 16 * g)));
+        float amax = _mm512_reduce_max_ps(m);
+        if (!(amax >= 1e-30f))
+            continue;
+        __m512 id = _mm512_set1_ps(127.0f / amax);
+        for (int g = 0; g < QK_K / 16; g++) {
+            __m512i qg = quantize16(_mm512_loadu_ps(xb + 16 * g), id);
+            _mm_storeu_si128((__m128i *)(q + QK_K * b + 16 * g), _mm512_cvtepi32_epi8(qg));
+            sum16[16 * b + g] = (int16_t)_mm512_reduce_add_epi32(qg);
+        }
+        d[b] = amax / 127.0f;
+    }
+}
+
+TGT_F static void act_bf16(const float *x, void *out, int64_t n)
+{
+    uint16_t *o = out;
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(k, x + i));
+        /* Round to nearest even on the bits; NaNs keep their top bits, made quiet. */
+        __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                         _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+        r = _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), nan,
+                                  _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+        _mm256_mask_storeu_epi16(o + i, k, _mm512_cvtepi32_epi16(r));
+    }
+}
+
+blade_act_fn blade_act_avx512_converter(uint32_t type)
+{
+    switch (type) {
+    case BLADE_TYPE_Q8_0:
+    case BLADE_TYPE_Q4_0:
+        return act_q8;
+    case BLADE_TYPE_Q4_K:
+    case BLADE_TYPE_Q5_K:
+    case BLADE_TYPE_Q6_K:
+        return act_k;
+    case BLADE_TYPE_BF16:
+        return act_bf16;
+    default:
+        return NULL;
+    }
+}
+
+blade_matmul_fn blade_matmul_avx512_kernel(uint32_t type, const blade_cpu_features *f)
+{
+    switch (type) {
+    case BLADE_TYPE_F32:
+        return mm_f32;
+    case BLADE_TYPE_F16:
+        return mm_f16;
+    case BLADE_TYPE_BF16:
+        return f->avx512bf16 ? mm_bf16 : NULL;
+    case BLADE_TYPE_Q8_0:
+        return f->avx512vnni ? mm_q8_0 : NULL;
+    case BLADE_TYPE_Q4_0:
+        return f->avx512vnni ? mm_q4_0 : NULL;
+    case BLADE_TYPE_Q4_K:
+        return f->avx512vnni ? mm_q4_k : NULL;
+    case BLADE_TYPE_Q5_K:
+        return f->avx512vnni ? mm_q5_k : NULL;
+    case BLADE_TYPE_Q6_K:
+        return f->avx512vnni ? mm_q6_k : NULL;
+    default:
+        return NULL;
+    }
+}
+
+#endif

@@ -1,0 +1,205 @@
+#include "kernels/kernels_internal.h"
+
+#include <string.h>
+
+/* Portable kernels: one dot product per (row, token), written for clarity. Integer sums
+ * per block are exact and the float accumulation runs block by block in order, so
+ * the result depends on nothing but the two rows. */
+
+typedef float (*dot_fn)(const uint8_t *w, const void *x, int64_t n);
+
+static float dot_f32(const uint8_t *w, const void *x, int64_t n)
+{
+    const float *xf = x;
+    double acc = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        float v;
+        memcpy(&v, w + 4 * i, sizeof v);
+        acc += (double)v * xf[i];
+    }
+    return (float)acc;
+}
+
+static float dot_f16(const uint8_t *w, const void *x, int64_t n)
+{
+    const float *xf = x;
+    double acc = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, w + 2 * i, sizeof h);
+        acc += (double)blade_fp16_to_fp32(h) * xf[i];
+    }
+    return (float)acc;
+}
+
+static float dot_bf16(const uint8_t *w, const void *x, int64_t n)
+{
+    const uint16_t *xb = x;
+    double acc = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, w + 2 * i, sizeof h);
+        acc += (double)blade_bf16_to_fp32(h) * blade_bf16_to_fp32(xb[i]);
+    }
+    return (float)acc;
+}
+
+static float dot_q8_0(const uint8_t *w, const void *x, int64_t n)
+{
+    act_q8_view a = act_q8_at(x, n);
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / QK8_0; b++) {
+        block_q8_0 blk;
+        memcpy(&blk, w + b * (int64_t)sizeof blk, sizeof blk);
+        const int8_t *xq = a.q + b * QK8_0;
+        int32_t isum = 0;
+        for (int j = 0; j < QK8_0; j++)
+            isum += blk.qs[j] * xq[j];
+        acc += blade_fp16_to_fp32(blk.d) * a.d[b] * (float)isum;
+    }
+    return acc;
+}
+
+static float dot_q4_0(const uint8_t *w, const void *x, int64_t n)
+{
+    act_q8_view a = act_q8_at(x, n);
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / QK4_0; b++) {
+        block_q4_0 blk;
+        memcpy(&blk, w + b * (int64_t)sizeof blk, sizeof blk);
+        const int8_t *xq = a.q + b * QK4_0;
+        int32_t isum = 0;
+        for (int j = 0; j < QK4_0 / 2; j++)
+            isum += (blk.qs[j] & 0xF) * xq[j] + (blk.qs[j] >> 4) * xq[j + QK4_0 / 2];
+        /* Weights are stored as q+8; the offset comes back out through the block sum. */
+        isum -= 8 * a.sum[b];
+        acc += blade_fp16_to_fp32(blk.d) * a.d[b] * (float)isum;
+    }
+    return acc;
+}
+
+/* Q4_K and Q5_K share everything but the fifth bit. */
+static float dot_q45_k(const uint8_t *w, const void *x, int64_t n, bool five)
+{
+    act_k_view a = act_k_at(x, n);
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        const uint8_t *scales, *qs, *qh = NULL;
+        uint16_t dh, dminh;
+        block_q4_k b4;
+        block_q5_k b5;
+        if (five) {
+            memcpy(&b5, w + b * (int64_t)sizeof b5, sizeof b5);
+            dh = b5.d, dminh = b5.dmin, scales = b5.scales, qs = b5.qs, qh = b5.qh;
+        } else {
+            memcpy(&b4, w + b * (int64_t)sizeof b4, sizeof b4);
+            dh = b4.d, dminh = b4.dmin, scales = b4.scales, qs = b4.qs;
+        }
+        const int8_t *xq = a.q + b * QK_K;
+        const int16_t *xs = a.sum16 + b * (QK_K / 16);
+        int32_t isum = 0, msum = 0;
+        for (int j = 0; j < QK_K / 32; j++) {
+            uint8_t sc, m;
+            blade_k_scale_min(j, scales, &sc, &m);
+            int shift = 4 * (j & 1);
+            int32_t s = 0;
+            for (int l = 0; l < 32; l++) {
+                int q = (qs[32 * (j / 2) + l] >> shift) & 0xF;
+                if (qh && (qh[l] >> j) & 1)
+                    q += 16;
+                s += q * xq[32 * j + l];
+            }
+            isum += sc * s;
+            msum += m * (xs[2 * j] + xs[2 * j + 1]);
+        }
+        float dx = a.d[b];
+        float d = blade_fp16_to_fp32(dh), dmin = blade_fp16_to_fp32(dminh);
+        acc += d * dx * (float)isum - dmin * dx * (float)msum;
+    }
+    return acc;
+}
+
+static float dot_q4_k(const uint8_t *w, const void *x, int64_t n)
+{
+    return dot_q45_k(w, x, n, false);
+}
+
+static float dot_q5_k(const uint8_t *w, const void *x, int64_t n)
+{
+    return dot_q45_k(w, x, n, true);
+}
+
+static float dot_q6_k(const uint8_t *w, const void *x, int64_t n)
+{
+    act_k_view a = act_k_at(x, n);
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / QK_K; b++) {
+        block_q6_k blk;
+        memcpy(&blk, w + b * (int64_t)sizeof blk, sizeof blk);
+        const int8_t *xq = a.q + b * QK_K;
+        const int16_t *xs = a.sum16 + b * (QK_K / 16);
+        int32_t isum = 0;
+        for (int g = 0; g < QK_K / 16; g++) {
+            int32_t s = 0;
+            for (int i = 0; i < 16; i++) {
+                /* Element e: half h, 32-run c within the half, position l in the run. */
+                int e = 16 * g + i, h = e / 128, c = (e % 128) / 32, l = e % 32;
+                int lo = blk.ql[64 * h + 32 * (c & 1) + l] >> (4 * (c >> 1)) & 0xF;
+                int hi = blk.qh[32 * h + l] >> (2 * c) & 3;
+                s += (lo | hi << 4) * xq[e];
+            }
+            /* Quants are stored as q+32; the block sums remove the offset exactly. */
+            isum += blk.scales[g] * (s - 32 * xs[g]);
+        }
+        acc += blade_fp16_to_fp32(blk.d) * a.d[b] * (float)isum;
+    }
+    return acc;
+}
+
+static void run(dot_fn dot, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
+                int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t r = r0; r < r1; r++)
+            Y[t * ldy + r] = dot((const uint8_t *)W + r * w_stride, (const uint8_t *)X + t * x_stride, n);
+}
+
+#define SCALAR_KERNEL(name)                                                                                  \
+    static void mm_##name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y, \
+                          int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                \
+    {                                                                                                        \
+        run(dot_##name, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                                 \
+    }
+
+SCALAR_KERNEL(f32)
+SCALAR_KERNEL(f16)
+SCALAR_KERNEL(bf16)
+SCALAR_KERNEL(q8_0)
+SCALAR_KERNEL(q4_0)
+SCALAR_KERNEL(q4_k)
+SCALAR_KERNEL(q5_k)
+SCALAR_KERNEL(q6_k)
+
+blade_matmul_fn blade_matmul_scalar_kernel(uint32_t type)
+{
+    switch (type) {
+    case BLADE_TYPE_F32:
+        return mm_f32;
+    case BLADE_TYPE_F16:
+        return mm_f16;
+    case BLADE_TYPE_BF16:
+        return mm_bf16;
+    case BLADE_TYPE_Q8_0:
+        return mm_q8_0;
+    case BLADE_TYPE_Q4_0:
+        return mm_q4_0;
+    case BLADE_TYPE_Q4_K:
+        return mm_q4_k;
+    case BLADE_TYPE_Q5_K:
+        return mm_q5_k;
+    case BLADE_TYPE_Q6_K:
+        return mm_q6_k;
+    default:
+        return NULL;
+    }
+}

@@ -1,0 +1,531 @@
+#include "blade/runner.h"
+
+#include "blade/attention.h"
+#include "blade/types.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Where one batch token comes from: its sequence, its index in that sequence's chunk and
+ * its absolute position. */
+typedef struct token_ref {
+    int32_t seq;
+    int32_t index;
+    int32_t pos;
+} token_ref;
+
+struct blade_runner {
+    const blade_model *m;
+    blade_kv_store *kv;
+    blade_threadpool *pool;
+    int32_t max_tokens;
+    int64_t q_dim, kv_dim, widest;
+    size_t act_stride; /* bytes of one converted activation row, for the widest input */
+    float *rope_inv_freq;
+    float *norm_scratch; /* one row of the widest input per pool thread */
+    uint8_t *attn_scratch; /* attention working space per pool thread */
+    size_t attn_scratch_bytes;
+    float *x;      /* [T][n_embd] residual stream */
+    float *delta;  /* [T][n_embd] output of attention or FFN, added to x */
+    void *act;     /* [T] converted activation rows */
+    float *q;      /* [T][q_dim] */
+    float *k;      /* [T][kv_dim] */
+    float *v;      /* [T][kv_dim] */
+    float *attn;   /* [T][q_dim] */
+    float *ffn;    /* [T][n_ff] SwiGLU output */
+    float *up;     /* [T][n_ff] */
+    float *logits; /* [T][n_vocab] only rows that want logits are used */
+    token_ref *refs;
+    int32_t *logit_tokens; /* batch token index of every wanted logit row */
+    int32_t *work;         /* (seq, kv head) attention work items */
+};
+
+/* ---- helpers ---- */
+
+static void *alloc_array(size_t n, size_t size, bool *ok)
+{
+    void *p = NULL;
+    if (n && size > SIZE_MAX / n)
+        *ok = false;
+    else if (!(p = aligned_alloc(64, ((n * size + 63) / 64) * 64 + 64)))
+        *ok = false;
+    return p;
+}
+
+static void split(int64_t n, int ith, int nth, int64_t *begin, int64_t *end)
+{
+    *begin = n * ith / nth;
+    *end = n * (ith + 1) / nth;
+}
+
+static size_t weight_stride(const blade_weight *w)
+{
+    return blade_type_row_bytes(w->type, w->n_in);
+}
+
+/* ---- construction ---- */
+
+blade_runner *blade_runner_new(const blade_model *m, blade_kv_store *kv, blade_threadpool *pool,
+                               int32_t max_batch_tokens, blade_error *err)
+{
+    const blade_hparams *hp = &m->hp;
+    if (max_batch_tokens <= 0)
+        return blade_error_set(err, "max_batch_tokens must be positive"), NULL;
+    if (kv->n_layer != hp->n_layer || kv->n_head_kv != hp->n_head_kv || kv->head_dim != hp->head_dim)
+        return blade_error_set(err, "the KV store's shape does not match the model"), NULL;
+    blade_runner *r = calloc(1, sizeof *r);
+    if (!r)
+        return blade_error_set(err, "out of memory"), NULL;
+    r->m = m;
+    r->kv = kv;
+    r->pool = pool;
+    r->max_tokens = max_batch_tokens;
+    r->q_dim = (int64_t)hp->n_head * hp->head_dim;
+    r->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    r->widest = hp->n_embd > r->q_dim ? hp->n_embd : r->q_dim;
+    if (hp->n_ff > r->widest)
+        r->widest = hp->n_ff;
+
+    /* Size the conversion buffer for the largest activation row any weight asks for. */
+    size_t act = blade_act_row_bytes(m->output.type, m->output.n_in);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const blade_layer *L = &m->layers[l];
+        const blade_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+            size_t b = blade_act_row_bytes(ws[i]->type, ws[i]->n_in);
+            if (b > act)
+                act = b;
+        }
+    }
+    r->act_stride = (act + 63) / 64 * 64;
+
+    size_t T = (size_t)max_batch_tokens;
+    bool ok = true;
+    r->rope_inv_freq = alloc_array((size_t)hp->n_rot / 2 + 1, sizeof(float), &ok);
+    r->norm_scratch = alloc_array((size_t)blade_threadpool_size(pool) * (size_t)r->widest, sizeof(float), &ok);
+    r->attn_scratch_bytes = (blade_attention_scratch_bytes(kv, max_batch_tokens, hp->n_head) + 63) / 64 * 64;
+    r->attn_scratch = alloc_array((size_t)blade_threadpool_size(pool), r->attn_scratch_bytes, &ok);
+    r->x = alloc_array(T * hp->n_embd, sizeof(float), &ok);
+    r->delta = alloc_array(T * hp->n_embd, sizeof(float), &ok);
+    r->act = alloc_array(T, r->act_stride, &ok);
+    r->q = alloc_array(T * r->q_dim, sizeof(float), &ok);
+    r->k = alloc_array(T * r->kv_dim, sizeof(float), &ok);
+    r->v = alloc_array(T * r->kv_dim, sizeof(float), &ok);
+    r->attn = alloc_array(T * r->q_dim, sizeof(float), &ok);
+    r->ffn = alloc_array(T * hp->n_ff, sizeof(float), &ok);
+    r->up = alloc_array(T * hp->n_ff, sizeof(float), &ok);
+    r->logits = alloc_array(T * hp->n_vocab, sizeof(float), &ok);
+    r->refs = alloc_array(T, sizeof *r->refs, &ok);
+    r->logit_tokens = alloc_array(T, sizeof *r->logit_tokens, &ok);
+    r->work = alloc_array(T * hp->n_head_kv, sizeof *r->work, &ok);
+    if (!ok) {
+        blade_runner_free(r);
+        return blade_error_set(err, "out of memory for a runner of %d batch tokens", max_batch_tokens), NULL;
+    }
+    for (int i = 0; i < hp->n_rot / 2; i++)
+        r->rope_inv_freq[i] = powf(hp->rope_base, -2.0f * (float)i / (float)hp->n_rot);
+    return r;
+}
+
+void blade_runner_free(blade_runner *r)
+{
+    if (!r)
+        return;
+    free(r->rope_inv_freq);
+    free(r->norm_scratch);
+    free(r->attn_scratch);
+    free(r->x);
+    free(r->delta);
+    free(r->act);
+    free(r->q);
+    free(r->k);
+    free(r->v);
+    free(r->attn);
+    free(r->ffn);
+    free(r->up);
+    free(r->logits);
+    free(r->refs);
+    free(r->logit_tokens);
+    free(r->work);
+    free(r);
+}
+
+int32_t blade_runner_max_batch_tokens(const blade_runner *r)
+{
+    return r->max_tokens;
+}
+
+/* ---- one step's shared state, handed to the pool's workers ---- */
+
+typedef struct step {
+    blade_runner *r;
+    const blade_batch_seq *seqs;
+    int32_t n_tokens;
+    int32_t n_logit_rows;
+    int32_t n_work;
+    int32_t layer;
+    /* the matrix product being run */
+    const blade_weight *w[3];
+    float *out[3];
+    int n_w;
+    const float *in;   /* rows to normalise/convert */
+    int64_t in_width;
+    const blade_weight *norm;
+    const blade_weight *in_type_of; /* the weight whose activation form to produce */
+    int32_t n_rows;                 /* rows of `in`/`act` in use */
+    const int32_t *row_map;         /* act row i is built from in row row_map[i] (NULL: identity) */
+} step;
+
+static void rmsnorm_row(float *out, const float *x, const float *w, int64_t n, float eps)
+{
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+    for (int64_t i = 0; i < n; i++)
+        out[i] = x[i] * scale * w[i];
+}
+
+static const float *f32_vector(const blade_weight *w)
+{
+    return (const float *)w->data;
+}
+
+/* RMSNorm (when a norm is given) fused with the conversion into the activation form the
+ * next weight wants, one row at a time so each row is read once. */
+static void task_norm_convert(void *ctx, int ith, int nth)
+{
+    step *s = ctx;
+    blade_runner *r = s->r;
+    float *row = r->norm_scratch + (size_t)ith * (size_t)r->widest;
+    int64_t b, e;
+    split(s->n_rows, ith, nth, &b, &e);
+    for (int64_t i = b; i < e; i++) {
+        int64_t src = s->row_map ? s->row_map[i] : i;
+        const float *x = s->in + src * s->in_width;
+        if (s->norm) {
+            rmsnorm_row(row, x, f32_vector(s->norm), s->in_width, r->m->hp.rms_eps);
+            x = row;
+        }
+        blade_act_convert(s->in_type_of->type, x, (uint8_t *)r->act + i * r->act_stride, s->in_width);
+    }
+}
+
+static void run_norm_convert(step *s, const float *in, int64_t width, const blade_weight *norm,
+                             const blade_weight *for_weight, int32_t n_rows, const int32_t *row_map)
+{
+    s->in = in;
+    s->in_width = width;
+    s->norm = norm;
+    s->in_type_of = for_weight;
+    s->n_rows = n_rows;
+    s->row_map = row_map;
+    blade_threadpool_run(s->r->pool, task_norm_convert, s);
+}
+
+/* Y = X W^T for up to three weights sharing one input; each thread takes the same share
+ * of every weight's rows, so all threads finish together. */
+static void task_matmul(void *ctx, int ith, int nth)
+{
+    step *s = ctx;
+    for (int i = 0; i < s->n_w; i++) {
+        const blade_weight *w = s->w[i];
+        int64_t b, e;
+        split(w->n_out, ith, nth, &b, &e);
+        if (b < e)
+            blade_matmul(w->type, w->data, weight_stride(w), s->r->act, s->r->act_stride, w->n_in, s->out[i],
+                         w->n_out, s->n_rows, b, e);
+    }
+}
+
+static void run_matmul(step *s, int n, const blade_weight *w0, float *y0, const blade_weight *w1, float *y1,
+                       const blade_weight *w2, float *y2)
+{
+    s->n_w = n;
+    s->w[0] = w0;
+    s->out[0] = y0;
+    s->w[1] = w1;
+    s->out[1] = y1;
+    s->w[2] = w2;
+    s->out[2] = y2;
+    blade_threadpool_run(s->r->pool, task_matmul, s);
+}
+
+static void rope_head(float *head, int32_t pos, const blade_hparams *hp, const float *inv_freq)
+{
+    int half = hp->n_rot / 2;
+    float p = (float)pos / hp->rope_scale;
+    for (int i = 0; i < half; i++) {
+        float theta = p * inv_freq[i];
+        float c = cosf(theta), sn = sinf(theta);
+        int a = hp->rope_neox ? i : 2 * i;
+        int b = hp->rope_neox ? i + half : 2 * i + 1;
+        float x0 = head[a], x1 = head[b];
+        head[a] = x0 * c - x1 * sn;
+        head[b] = x0 * sn + x1 * c;
+    }
+}
+
+static void add_bias(float *x, const blade_weight *b)
+{
+    if (b->data)
+        for (int64_t i = 0; i < b->n_in; i++)
+            x[i] += f32_vector(b)[i];
+}
+
+/* Per token: biases, per-head Q/K norms, RoPE, then K/V straight into the token's slot
+ * of the paged store (RoPE fused with the KV write). */
+static void task_qkv_post(void *ctx, int ith, int nth)
+{
+    step *s = ctx;
+    blade_runner *r = s->r;
+    const blade_hparams *hp = &r->m->hp;
+    const blade_layer *L = &r->m->layers[s->layer];
+    int hd = hp->head_dim;
+    int64_t b, e;
+    split(s->n_tokens, ith, nth, &b, &e);
+    for (int64_t t = b; t < e; t++) {
+        const token_ref *ref = &r->refs[t];
+        float *q = r->q + t * r->q_dim, *k = r->k + t * r->kv_dim, *v = r->v + t * r->kv_dim;
+        add_bias(q, &L->bq);
+        add_bias(k, &L->bk);
+        add_bias(v, &L->bv);
+        for (int h = 0; h < hp->n_head; h++) {
+            if (L->q_norm.data)
+                rmsnorm_row(q + h * hd, q + h * hd, f32_vector(&L->q_norm), hd, hp->rms_eps);
+            rope_head(q + h * hd, ref->pos, hp, r->rope_inv_freq);
+        }
+        for (int h = 0; h < hp->n_head_kv; h++) {
+            if (L->k_norm.data)
+                rmsnorm_row(k + h * hd, k + h * hd, f32_vector(&L->k_norm), hd, hp->rms_eps);
+            rope_head(k + h * hd, ref->pos, hp, r->rope_inv_freq);
+        }
+        const blade_batch_seq *sq = &s->seqs[ref->seq];
+        int32_t block = sq->block_table[ref->pos / r->kv->block_size];
+        blade_kv_write(r->kv, s->layer, block, ref->pos % r->kv->block_size, k, v);
+    }
+}
+
+/* Work items are (sequence, KV head) pairs; splitting by KV head keeps each head's group
+ * of query heads together, so its K/V tiles are loaded once. */
+static void task_attention(void *ctx, int ith, int nth)
+{
+    step *s = ctx;
+    blade_runner *r = s->r;
+    const blade_hparams *hp = &r->m->hp;
+    int64_t b, e;
+    split(s->n_work, ith, nth, &b, &e);
+    for (int64_t i = b; i < e; i++) {
+        int32_t seq = r->work[i] / hp->n_head_kv, head = r->work[i] % hp->n_head_kv;
+        const blade_batch_seq *sq = &s->seqs[seq];
+        /* the sequence's first token in the batch */
+        int64_t first = 0;
+        for (int32_t j = 0; j < seq; j++)
+            first += s->seqs[j].n_tokens;
+        blade_attention_args a = {
+            .kv = r->kv,
+            .layer = s->layer,
+            .block_table = sq->block_table,
+            .pos0 = sq->pos0,
+            .n_q = sq->n_tokens,
+            .n_head = hp->n_head,
+            .q = r->q + first * r->q_dim,
+            .q_stride = r->q_dim,
+            .out = r->attn + first * r->q_dim,
+            .out_stride = r->q_dim,
+            .scale = 1.0f / sqrtf((float)hp->head_dim),
+            .kv_head_begin = head,
+            .kv_head_end = head + 1,
+            .scratch = r->attn_scratch + (size_t)ith * r->attn_scratch_bytes,
+        };
+        blade_attention(&a);
+    }
+}
+
+/* x += delta, for all tokens */
+static void task_residual(void *ctx, int ith, int nth)
+{
+    step *s = ctx;
+    blade_runner *r = s->r;
+    int64_t d = r->m->hp.n_embd, b, e;
+    split((int64_t)s->n_tokens * d, ith, nth, &b, &e);
+    for (int64_t i = b; i < e; i++)
+        r->x[i] += r->delta[i];
+}
+
+static float silu(float x)
+{
+    return x / (1.0f + expf(-x));
+}
+
+/* Gate and up projections of the same rows, then SiLU(gate)·up while both are hot. */
+static void task_gate_up(void *ctx, int ith, int nth)
+{
+    step *s = ctx;
+    blade_runner *r = s->r;
+    const blade_layer *L = &r->m->layers[s->layer];
+    int64_t n_ff = r->m->hp.n_ff, b, e;
+    split(n_ff, ith, nth, &b, &e);
+    if (b >= e)
+        return;
+    blade_matmul(L->ffn_gate.type, L->ffn_gate.data, weight_stride(&L->ffn_gate), r->act, r->act_stride,
+                 L->ffn_gate.n_in, r->ffn, n_ff, s->n_tokens, b, e);
+    blade_matmul(L->ffn_up.type, L->ffn_up.data, weight_stride(&L->ffn_up), r->act, r->act_stride, L->ffn_up.n_in,
+                 r->up, n_ff, s->n_tokens, b, e);
+    for (int64_t t = 0; t < s->n_tokens; t++)
+        for (int64_t i = b; i < e; i++)
+            r->ffn[t * n_ff + i] = silu(r->ffn[t * n_ff + i]) * r->up[t * n_ff + i];
+}
+
+static void task_swiglu(void *ctx, int ith, int nth)
+{
+    step *s = ctx;
+    blade_runner *r = s->r;
+    int64_t b, e;
+    split((int64_t)s->n_tokens * r->m->hp.n_ff, ith, nth, &b, &e);
+    for (int64_t i = b; i < e; i++)
+        r->ffn[i] = silu(r->ffn[i]) * r->up[i];
+}
+
+/* Normalises the residual stream once per distinct weight type and multiplies every
+ * weight of that type in one pass of the pool. Files mixing types across projections
+ * (Q4_K_M keeps some V and down projections in Q6_K) get one conversion per type. */
+static void run_projections(step *s, const blade_weight *norm, const blade_weight **ws, float **outs, int n)
+{
+    blade_runner *r = s->r;
+    bool done[3] = {false, false, false};
+    for (int i = 0; i < n; i++) {
+        if (done[i])
+            continue;
+        run_norm_convert(s, r->x, r->m->hp.n_embd, norm, ws[i], s->n_tokens, NULL);
+        const blade_weight *group[3] = {NULL, NULL, NULL};
+        float *group_out[3] = {NULL, NULL, NULL};
+        int k = 0;
+        for (int j = i; j < n; j++)
+            if (!done[j] && ws[j]->type == ws[i]->type) {
+                group[k] = ws[j];
+                group_out[k++] = outs[j];
+                done[j] = true;
+            }
+        run_matmul(s, k, group[0], group_out[0], group[1], group_out[1], group[2], group_out[2]);
+    }
+}
+
+static void task_embed(void *ctx, int ith, int nth)
+{
+    step *s = ctx;
+    blade_runner *r = s->r;
+    const blade_weight *emb = &r->m->tok_embd;
+    const blade_type_traits *tt = blade_type_traits_get(emb->type);
+    size_t stride = weight_stride(emb);
+    int64_t b, e;
+    split(s->n_tokens, ith, nth, &b, &e);
+    for (int64_t t = b; t < e; t++) {
+        const token_ref *ref = &r->refs[t];
+        int32_t tok = s->seqs[ref->seq].tokens[ref->index];
+        tt->to_float((const uint8_t *)emb->data + (size_t)tok * stride, r->x + t * emb->n_in, emb->n_in);
+    }
+}
+
+/* ---- validation ---- */
+
+static int validate(const blade_runner *r, const blade_batch_seq *seqs, int32_t n_seqs, int32_t *n_tokens,
+                    int32_t *n_logits, blade_error *err)
+{
+    const blade_hparams *hp = &r->m->hp;
+    int64_t total = 0, logits = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const blade_batch_seq *s = &seqs[i];
+        if (s->n_tokens <= 0 || !s->tokens)
+            return blade_error_set(err, "sequence %d: no tokens", i);
+        if (s->pos0 < 0 || (int64_t)s->pos0 + s->n_tokens > (int64_t)s->n_blocks * r->kv->block_size)
+            return blade_error_set(err, "sequence %d: positions %d..%d are not covered by its %d blocks", i, s->pos0,
+                                   s->pos0 + s->n_tokens - 1, s->n_blocks);
+        for (int32_t b = 0; b < s->n_blocks; b++)
+            if (s->block_table[b] < 0 || s->block_table[b] >= r->kv->n_blocks)
+                return blade_error_set(err, "sequence %d: block %d is outside the store (%d blocks)", i,
+                                       s->block_table[b], r->kv->n_blocks);
+        for (int32_t t = 0; t < s->n_tokens; t++)
+            if (s->tokens[t] < 0 || s->tokens[t] >= hp->n_vocab)
+                return blade_error_set(err, "sequence %d: token %d is outside the vocabulary", i, s->tokens[t]);
+        if (s->n_logits < 0 || s->n_logits > s->n_tokens || (s->n_logits && !s->logits))
+            return blade_error_set(err, "sequence %d: bad logits request", i);
+        if (s->logit_rows)
+            for (int32_t j = 0; j < s->n_logits; j++)
+                if (s->logit_rows[j] < 0 || s->logit_rows[j] >= s->n_tokens)
+                    return blade_error_set(err, "sequence %d: logit row %d is outside its %d tokens", i,
+                                           s->logit_rows[j], s->n_tokens);
+        total += s->n_tokens;
+        logits += s->n_logits;
+    }
+    if (total > r->max_tokens)
+        return blade_error_set(err, "batch of %lld tokens exceeds the runner's %d", (long long)total, r->max_tokens);
+    *n_tokens = (int32_t)total;
+    *n_logits = (int32_t)logits;
+    return 0;
+}
+
+/* ---- the forward pass ---- */
+
+int blade_runner_forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n_seqs, blade_error *err)
+{
+    const blade_model *m = r->m;
+    const blade_hparams *hp = &m->hp;
+    step s = {.r = r, .seqs = seqs};
+    if (validate(r, seqs, n_seqs, &s.n_tokens, &s.n_logit_rows, err))
+        return -1;
+    if (s.n_tokens == 0)
+        return 0;
+
+    int32_t t = 0, lr = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const blade_batch_seq *sq = &seqs[i];
+        for (int32_t j = 0; j < sq->n_tokens; j++, t++)
+            r->refs[t] = (token_ref){i, j, sq->pos0 + j};
+        for (int32_t j = 0; j < sq->n_logits; j++)
+            r->logit_tokens[lr++] = t - sq->n_tokens + (sq->logit_rows ? sq->logit_rows[j] : sq->n_tokens - 1);
+        for (int32_t h = 0; h < hp->n_head_kv; h++)
+            r->work[s.n_work++] = i * hp->n_head_kv + h;
+    }
+
+    blade_threadpool_run(r->pool, task_embed, &s);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const blade_layer *L = &m->layers[l];
+        s.layer = l;
+
+        const blade_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *qkv_out[3] = {r->q, r->k, r->v};
+        run_projections(&s, &L->attn_norm, qkv, qkv_out, 3);
+        blade_threadpool_run(r->pool, task_qkv_post, &s);
+        blade_threadpool_run(r->pool, task_attention, &s);
+
+        run_norm_convert(&s, r->attn, r->q_dim, NULL, &L->wo, s.n_tokens, NULL);
+        run_matmul(&s, 1, &L->wo, r->delta, NULL, NULL, NULL, NULL);
+        blade_threadpool_run(r->pool, task_residual, &s);
+
+        if (L->ffn_up.type == L->ffn_gate.type) {
+            run_norm_convert(&s, r->x, hp->n_embd, &L->ffn_norm, &L->ffn_gate, s.n_tokens, NULL);
+            blade_threadpool_run(r->pool, task_gate_up, &s);
+        } else {
+            const blade_weight *gu[2] = {&L->ffn_gate, &L->ffn_up};
+            float *gu_out[2] = {r->ffn, r->up};
+            run_projections(&s, &L->ffn_norm, gu, gu_out, 2);
+            blade_threadpool_run(r->pool, task_swiglu, &s);
+        }
+        run_norm_convert(&s, r->ffn, hp->n_ff, NULL, &L->ffn_down, s.n_tokens, NULL);
+        run_matmul(&s, 1, &L->ffn_down, r->delta, NULL, NULL, NULL, NULL);
+        blade_threadpool_run(r->pool, task_residual, &s);
+    }
+
+    if (s.n_logit_rows == 0)
+        return 0;
+    run_norm_convert(&s, r->x, hp->n_embd, &m->output_norm, &m->output, s.n_logit_rows, r->logit_tokens);
+    run_matmul(&s, 1, &m->output, r->logits, NULL, NULL, NULL, NULL);
+    lr = 0;
+    for (int32_t i = 0; i < n_seqs; i++)
+        for (int32_t j = 0; j < seqs[i].n_logits; j++, lr++)
+            memcpy(seqs[i].logits + (size_t)j * hp->n_vocab, r->logits + (size_t)lr * hp->n_vocab,
+                   (size_t)hp->n_vocab * sizeof(float));
+    return 0;
+}

@@ -1,0 +1,549 @@
+#include "testutil.h"
+
+#include "blade/attention.h"
+#include "blade/kernels.h"
+#include "blade/kv_store.h"
+#include "blade/types.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- fixtures ---- */
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1). */
+static float uniform(uint64_t *s)
+{
+    return (float)((double)(splitmix(s) >> 40) * 0x1p-23 - 1.0);
+}
+
+typedef struct shape {
+    blade_kv_type type;
+    int32_t n_head_kv, group, head_dim, block_size;
+} shape;
+
+/* One sequence of n_ctx tokens in layer 1 of a two-layer store (layer 0 stays zero, so a
+ * wrong layer offset shows), reached through a scrambled block table. */
+typedef struct scene {
+    shape sh;
+    blade_hparams hp;
+    blade_kv_store *kv;
+    int32_t n_head, n_ctx;
+    uint64_t seed;
+    int32_t *table;
+    float *q; /* [n_ctx][n_head][head_dim] */
+} scene;
+
+#define LAYER 1
+
+static int32_t kv_dim(const scene *s)
+{
+    return s->sh.n_head_kv * s->sh.head_dim;
+}
+
+/* K/V of one position depend on (seed, pos) only, so scenes with the same seed hold
+ * the same sequence whatever their block tables. Key magnitudes vary with position so that
+ * the running maximum moves up and down across tiles. */
+static void write_pos(const scene *s, int32_t pos)
+{
+    int32_t n = kv_dim(s);
+    float *k = malloc(2 * (size_t)n * sizeof *k), *v = k + n;
+    uint64_t st = s->seed ^ ((uint64_t)pos * 0x2545f4914f6cdd1dull);
+    float gain = 0.5f + 3.0f * (float)((pos * 37) % 101) / 101.0f;
+    for (int32_t i = 0; i < n; i++) {
+        k[i] = gain * uniform(&st);
+        v[i] = uniform(&st);
+    }
+    int32_t bs = s->sh.block_size;
+    blade_kv_write(s->kv, LAYER, s->table[pos / bs], pos % bs, k, v);
+    free(k);
+}
+
+/* Every slot of every block of the test layer set to NaN, as stale data from an earlier
+ * sequence could be. */
+static void poison(const scene *s)
+{
+    int32_t n = kv_dim(s);
+    float *nan_row = malloc((size_t)n * sizeof *nan_row);
+    for (int32_t i = 0; i < n; i++)
+        nan_row[i] = NAN;
+    for (int32_t b = 0; b < s->kv->n_blocks; b++)
+        for (int32_t slot = 0; slot < s->sh.block_size; slot++)
+            blade_kv_write(s->kv, LAYER, b, slot, nan_row, nan_row);
+    free(nan_row);
+}
+
+/* write_all false leaves the K/V of the test layer unwritten, for incremental decoding. */
+static void scene_init(scene *s, shape sh, int32_t n_ctx, uint64_t seed, uint64_t table_seed, bool poisoned,
+                       bool write_all)
+{
+    memset(s, 0, sizeof *s);
+    s->sh = sh;
+    s->n_ctx = n_ctx;
+    s->seed = seed;
+    s->n_head = sh.n_head_kv * sh.group;
+    s->hp.n_layer = 2;
+    s->hp.n_head = s->n_head;
+    s->hp.n_head_kv = sh.n_head_kv;
+    s->hp.head_dim = sh.head_dim;
+
+    int32_t needed = (n_ctx + sh.block_size - 1) / sh.block_size;
+    int32_t n_blocks = needed + 3;
+    blade_error err;
+    s->kv = blade_kv_store_new(&s->hp, sh.type, sh.block_size, n_blocks, &err);
+    assert_non_null(s->kv);
+
+    s->table = malloc((size_t)n_blocks * sizeof *s->table);
+    for (int32_t i = 0; i < n_blocks; i++)
+        s->table[i] = i;
+    uint64_t ts = table_seed;
+    for (int32_t i = n_blocks - 1; i > 0; i--) {
+        int32_t j = (int32_t)(splitmix(&ts) % (uint64_t)(i + 1));
+        int32_t t = s->table[i];
+        s->table[i] = s->table[j];
+        s->table[j] = t;
+    }
+
+    if (poisoned)
+        poison(s);
+    for (int32_t p = 0; write_all && p < n_ctx; p++)
+        write_pos(s, p);
+
+    size_t nq = (size_t)n_ctx * (size_t)s->n_head * (size_t)sh.head_dim;
+    s->q = malloc(nq * sizeof *s->q);
+    uint64_t qs = seed * 31 + 7;
+    for (size_t i = 0; i < nq; i++)
+        s->q[i] = 2.0f * uniform(&qs);
+}
+
+static void scene_free(scene *s)
+{
+    blade_kv_store_free(s->kv);
+    free(s->table);
+    free(s->q);
+}
+
+static size_t row_floats(const scene *s)
+{
+    return (size_t)s->n_head * (size_t)s->sh.head_dim;
+}
+
+/* Attention of queries pos0 .. pos0 + n_q - 1 over KV heads [kvb, kve) into out, whose
+ * row i belongs to query pos0 + i. */
+static void run_range(const scene *s, int32_t pos0, int32_t n_q, int32_t kvb, int32_t kve, float *out)
+{
+    void *scratch = malloc(blade_attention_scratch_bytes(s->kv, n_q, s->n_head));
+    blade_attention_args a = {
+        .kv = s->kv,
+        .layer = LAYER,
+        .block_table = s->table,
+        .pos0 = pos0,
+        .n_q = n_q,
+        .n_head = s->n_head,
+        .q = s->q + (size_t)pos0 * row_floats(s),
+        .q_stride = (int64_t)row_floats(s),
+        .out = out,
+        .out_stride = (int64_t)row_floats(s),
+        .scale = 1.0f / sqrtf((float)s->sh.head_dim),
+        .kv_head_begin = kvb,
+        .kv_head_end = kve,
+        .scratch = scratch,
+    };
+    blade_attention(&a);
+    free(scratch);
+}
+
+static void run(const scene *s, int32_t pos0, int32_t n_q, float *out)
+{
+    run_range(s, pos0, n_q, 0, s->sh.n_head_kv, out);
+}
+
+static float stored(const scene *s, const uint8_t *base, size_t i)
+{
+    switch (s->sh.type) {
+    case BLADE_KV_F16:
+        return blade_fp16_to_fp32(((const uint16_t *)base)[i]);
+    case BLADE_KV_BF16:
+        return blade_bf16_to_fp32(((const uint16_t *)base)[i]);
+    case BLADE_KV_F32:
+        break;
+    }
+    return ((const float *)base)[i];
+}
+
+/* The definition, in double: scores of every visible key, softmax, weighted sum, on the
+ * K/V values as the store holds them. */
+static void reference(const scene *s, int32_t pos, int32_t h, double *out)
+{
+    int32_t hd = s->sh.head_dim, bs = s->sh.block_size, kvh = h / s->sh.group;
+    const float *q = s->q + (size_t)pos * row_floats(s) + (size_t)h * (size_t)hd;
+    double *w = malloc((size_t)(pos + 1) * sizeof *w);
+    double mx = -INFINITY, scale = 1.0 / sqrt((double)hd);
+    for (int32_t j = 0; j <= pos; j++) {
+        const uint8_t *k = blade_kv_k(s->kv, LAYER, s->table[j / bs], kvh);
+        double dot = 0;
+        for (int32_t d = 0; d < hd; d++)
+            dot += (double)q[d] * stored(s, k, (size_t)(j % bs) * (size_t)hd + (size_t)d);
+        w[j] = dot * scale;
+        mx = w[j] > mx ? w[j] : mx;
+    }
+    double sum = 0;
+    for (int32_t j = 0; j <= pos; j++)
+        sum += (w[j] = exp(w[j] - mx));
+    for (int32_t d = 0; d < hd; d++)
+        out[d] = 0;
+    for (int32_t j = 0; j <= pos; j++) {
+        const uint8_t *v = blade_kv_v(s->kv, LAYER, s->table[j / bs], kvh);
+        for (int32_t d = 0; d < hd; d++)
+            out[d] += w[j] / sum * stored(s, v, (size_t)(j % bs) * (size_t)hd + (size_t)d);
+    }
+    free(w);
+}
+
+/* max |a - b| / max |b| over one head's output. */
+static double rel_err(const float *a, const double *b, int32_t n)
+{
+    double diff = 0, mag = 0;
+    for (int32_t i = 0; i < n; i++) {
+        diff = fmax(diff, fabs((double)a[i] - b[i]));
+        mag = fmax(mag, fabs(b[i]));
+    }
+    return diff / mag;
+}
+
+/* ---- ISA iteration ---- */
+
+typedef struct isa_list {
+    blade_isa isa[BLADE_ISA_COUNT];
+    int n;
+} isa_list;
+
+static isa_list supported_isas(void)
+{
+    isa_list l = {.n = 0};
+    for (int i = 0; i < BLADE_ISA_COUNT; i++)
+        if (blade_isa_supported((blade_isa)i))
+            l.isa[l.n++] = (blade_isa)i;
+    return l;
+}
+
+/* ---- KV store ---- */
+
+static void test_kv_types(void **state)
+{
+    (void)state;
+    const blade_kv_type types[] = {BLADE_KV_F16, BLADE_KV_F32, BLADE_KV_BF16};
+    const size_t sizes[] = {2, 4, 2};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(blade_kv_type_from_name(blade_kv_type_name(types[i])), types[i]);
+        assert_int_equal(blade_kv_type_size(types[i]), sizes[i]);
+    }
+    assert_string_equal(blade_kv_type_name(BLADE_KV_F16), "f16");
+    assert_int_equal(blade_kv_type_from_name("BF16"), BLADE_KV_BF16);
+    assert_int_equal(blade_kv_type_from_name("q8_0"), -1);
+
+    blade_hparams hp = {.n_layer = 32, .n_head_kv = 8, .head_dim = 128};
+    /* 2 x 32 layers x 8 heads x 128 dims x 16 tokens x 2 bytes. */
+    assert_int_equal(blade_kv_block_bytes(&hp, BLADE_KV_F16, 16), 2097152);
+    assert_int_equal(blade_kv_block_bytes(&hp, BLADE_KV_F32, 16), 4194304);
+    assert_int_equal(blade_kv_block_bytes(&hp, BLADE_KV_F16, 0), 0);
+    hp.n_layer = INT32_MAX;
+    hp.n_head_kv = INT32_MAX;
+    hp.head_dim = INT32_MAX;
+    assert_int_equal(blade_kv_block_bytes(&hp, BLADE_KV_F32, INT32_MAX), 0);
+}
+
+static void test_kv_store_errors(void **state)
+{
+    (void)state;
+    blade_error err;
+    blade_hparams hp = {.n_layer = 2, .n_head_kv = 2, .head_dim = 64};
+    assert_null(blade_kv_store_new(&hp, BLADE_KV_F16, 0, 10, &err));
+    assert_non_null(strstr(err.msg, "block_size"));
+    assert_null(blade_kv_store_new(&hp, (blade_kv_type)7, 16, 10, &err));
+    assert_non_null(strstr(err.msg, "type"));
+    hp.head_dim = 0;
+    assert_null(blade_kv_store_new(&hp, BLADE_KV_F16, 16, 10, &err));
+    assert_non_null(strstr(err.msg, "head_dim 0"));
+
+    hp = (blade_hparams){.n_layer = 4096, .n_head_kv = 1 << 20, .head_dim = 1 << 20};
+    assert_null(blade_kv_store_new(&hp, BLADE_KV_F32, 1 << 20, 1 << 20, &err));
+    assert_non_null(strstr(err.msg, "overflows"));
+
+    /* 2 x 2^46 bytes: refused by any machine that does not overcommit without limit. */
+    hp = (blade_hparams){.n_layer = 1, .n_head_kv = 1, .head_dim = 1 << 15};
+    blade_kv_store *s = blade_kv_store_new(&hp, BLADE_KV_F32, 1 << 14, 1 << 15, &err);
+    if (s)
+        blade_kv_store_free(s);
+    else
+        assert_non_null(strstr(err.msg, "70368744177664 bytes"));
+}
+
+static void test_kv_write_layout(void **state)
+{
+    (void)state;
+    const blade_kv_type types[] = {BLADE_KV_F16, BLADE_KV_F32, BLADE_KV_BF16};
+    blade_hparams hp = {.n_layer = 3, .n_head_kv = 2, .head_dim = 5};
+    for (int t = 0; t < 3; t++) {
+        blade_error err;
+        blade_kv_store *s = blade_kv_store_new(&hp, types[t], 4, 6, &err);
+        assert_non_null(s);
+        assert_int_equal(s->head_stride, 4 * 5 * s->elem_bytes);
+        assert_int_equal(s->block_stride, 2 * s->head_stride);
+        /* Values that need rounding, including a tie, a subnormal and overflow for f16. */
+        float k[10] = {1.0f / 3, -2.5e-6f, 65519.0f, 70000.0f, 1.00048828125f, 3.14159f, -0.0f, 1e-8f, -7.75f, 0.1f};
+        float v[10];
+        for (int i = 0; i < 10; i++)
+            v[i] = -k[i] * 1.5f;
+        blade_kv_write(s, 2, 5, 3, k, v);
+        for (int h = 0; h < 2; h++)
+            for (int d = 0; d < 5; d++) {
+                const uint8_t *kp = blade_kv_k(s, 2, 5, h) + (size_t)(3 * 5 + d) * s->elem_bytes;
+                const uint8_t *vp = blade_kv_v(s, 2, 5, h) + (size_t)(3 * 5 + d) * s->elem_bytes;
+                float kx = k[h * 5 + d], vx = v[h * 5 + d];
+                if (types[t] == BLADE_KV_F32) {
+                    assert_memory_equal(kp, &kx, 4);
+                    assert_memory_equal(vp, &vx, 4);
+                } else {
+                    uint16_t ke = types[t] == BLADE_KV_F16 ? blade_fp32_to_fp16(kx) : blade_fp32_to_bf16(kx);
+                    uint16_t ve = types[t] == BLADE_KV_F16 ? blade_fp32_to_fp16(vx) : blade_fp32_to_bf16(vx);
+                    assert_memory_equal(kp, &ke, 2);
+                    assert_memory_equal(vp, &ve, 2);
+                }
+            }
+        /* The last slot of the last block of the last layer is the end of the area. */
+        assert_ptr_equal(blade_kv_k(s, 2, 5, 1) + s->head_stride, s->k + 3 * 6 * s->block_stride);
+        blade_kv_store_free(s);
+    }
+}
+
+/* ---- accuracy ---- */
+
+typedef struct chunk {
+    int32_t pos0, n_q;
+} chunk;
+
+/* Runs the chunks on every supported ISA: each against the double reference (tol) and,
+ * for SIMD paths, against the scalar path (isa_tol). Scores here reach ~10, where one f32
+ * ulp is ~1e-6, so every path's probabilities carry independent relative errors of that
+ * order; averaged over thousands of random values (an output far smaller than the values
+ * themselves) they show as up to ~2e-6 at 8192 tokens, against the reference and between
+ * paths alike. */
+static void check_accuracy(shape sh, int32_t n_ctx, const chunk *chunks, int n_chunks, double tol, double isa_tol)
+{
+    scene s;
+    scene_init(&s, sh, n_ctx, 1000 + (uint64_t)n_ctx, 77, false, true);
+    size_t rf = row_floats(&s);
+    int32_t hd = sh.head_dim;
+    isa_list isas = supported_isas();
+    blade_isa saved = blade_isa_active();
+    double *ref = malloc((size_t)hd * sizeof *ref);
+    double worst = 0, worst_isa = 0;
+
+    for (int c = 0; c < n_chunks; c++) {
+        int32_t n_q = chunks[c].n_q;
+        float *outs[BLADE_ISA_COUNT];
+        for (int k = 0; k < isas.n; k++) {
+            blade_isa_set(isas.isa[k]);
+            outs[k] = malloc((size_t)n_q * rf * sizeof(float));
+            run(&s, chunks[c].pos0, n_q, outs[k]);
+        }
+        for (int32_t i = 0; i < n_q; i++)
+            for (int32_t h = 0; h < s.n_head; h++) {
+                size_t off = (size_t)i * rf + (size_t)h * (size_t)hd;
+                reference(&s, chunks[c].pos0 + i, h, ref);
+                for (int k = 0; k < isas.n; k++) {
+                    double e = rel_err(outs[k] + off, ref, hd);
+                    worst = fmax(worst, e);
+                    if (e > tol)
+                        fail_msg("%s store, head_dim %d, group %d, %s: query %d head %d: relative error %.3g > %.3g",
+                                 blade_kv_type_name(sh.type), hd, sh.group, blade_isa_name(isas.isa[k]),
+                                 chunks[c].pos0 + i, h, e, tol);
+                    if (isas.isa[k] == BLADE_ISA_SCALAR)
+                        continue;
+                    double scalar[512];
+                    for (int32_t d = 0; d < hd; d++)
+                        scalar[d] = outs[0][off + (size_t)d];
+                    e = rel_err(outs[k] + off, scalar, hd);
+                    worst_isa = fmax(worst_isa, e);
+                    if (e > isa_tol)
+                        fail_msg("%s vs scalar, head_dim %d: query %d head %d: relative difference %.3g > %.3g",
+                                 blade_isa_name(isas.isa[k]), hd, chunks[c].pos0 + i, h, e, isa_tol);
+                }
+            }
+        for (int k = 0; k < isas.n; k++)
+            free(outs[k]);
+    }
+    printf("  %s hd %3d group %d ctx %5d: max rel err %.2e vs reference, %.2e between ISAs\n",
+           blade_kv_type_name(sh.type), hd, sh.group, n_ctx, worst, worst_isa);
+    blade_isa_set(saved);
+    free(ref);
+    scene_free(&s);
+}
+
+/* Chunks covering the start, the middle and the end of n_ctx, of assorted sizes. */
+static int chunks_for(int32_t n_ctx, chunk *out)
+{
+    if (n_ctx <= 17) {
+        /* Everything, as 1 + 5 + the rest. */
+        int n = 0;
+        int32_t sizes[] = {1, 5, n_ctx};
+        for (int32_t p = 0, k = 0; p < n_ctx; k++) {
+            int32_t len = sizes[k] < n_ctx - p ? sizes[k] : n_ctx - p;
+            out[n++] = (chunk){p, len};
+            p += len;
+        }
+        return n;
+    }
+    out[0] = (chunk){0, 3};
+    out[1] = (chunk){n_ctx / 2 - 5, 11};
+    out[2] = (chunk){n_ctx - 4, 4};
+    return 3;
+}
+
+static void test_reference_f32(void **state)
+{
+    (void)state;
+    const int32_t ctxs[] = {1, 17, 1000, 8192};
+    const int32_t hds[] = {64, 128};
+    const int32_t groups[] = {1, 4, 8};
+    for (int c = 0; c < 4; c++)
+        for (int h = 0; h < 2; h++)
+            for (int g = 0; g < 3; g++) {
+                chunk ch[3];
+                int n = chunks_for(ctxs[c], ch);
+                shape sh = {BLADE_KV_F32, 2, groups[g], hds[h], 16};
+                check_accuracy(sh, ctxs[c], ch, n, 1e-5, 3e-6);
+            }
+}
+
+static void test_reference_f16_bf16(void **state)
+{
+    (void)state;
+    const int32_t ctxs[] = {17, 1000, 8192};
+    for (int t = 0; t < 2; t++)
+        for (int c = 0; c < 3; c++) {
+            chunk ch[3];
+            int n = chunks_for(ctxs[c], ch);
+            shape sh = {t == 0 ? BLADE_KV_F16 : BLADE_KV_BF16, 2, 4, c == 1 ? 64 : 128, 16};
+            check_accuracy(sh, ctxs[c], ch, n, 1e-5, 3e-6);
+        }
+}
+
+/* Head dims and block sizes that are not multiples of the vector width take the generic
+ * tile loads and the narrower paths; they must be just as right. */
+static void test_reference_odd_shapes(void **state)
+{
+    (void)state;
+    const int32_t hds[] = {8, 24, 40, 80};
+    const int32_t bss[] = {1, 5, 8, 24, 32};
+    for (int h = 0; h < 4; h++)
+        for (int b = 0; b < 5; b++) {
+            chunk ch[3];
+            int n = chunks_for(100, ch);
+            shape sh = {BLADE_KV_F16, 1, 2, hds[h], bss[b]};
+            check_accuracy(sh, 100, ch, n, 1e-5, 3e-6);
+        }
+}
+
+/* ---- batch invariance ---- */
+
+static void assert_rows_equal(const float *a, const float *b, size_t n, const char *what, int32_t pos)
+{
+    if (memcmp(a, b, n * sizeof *a) != 0)
+        fail_msg("%s: output of query %d differs from the one-call result", what, pos);
+}
+
+/* The same query must come out bit-identical however it is batched: alone (decode), in
+ * chunks of assorted sizes, with the KV heads split over calls, through another block
+ * table, and with stale NaN data in the slots after it. */
+static void check_invariance(shape sh, int32_t n_ctx)
+{
+    scene s, t;
+    scene_init(&s, sh, n_ctx, 4242, 1, false, true);
+    /* Same sequence, other physical blocks, written one token at a time into a store
+     * full of NaN. */
+    scene_init(&t, sh, n_ctx, 4242, 2, true, false);
+    size_t rf = row_floats(&s);
+    float *all = malloc((size_t)n_ctx * rf * sizeof *all);
+    float *other = malloc((size_t)n_ctx * rf * sizeof *other);
+    char what[128];
+    const char *isa = blade_isa_name(blade_isa_active());
+
+    run(&s, 0, n_ctx, all);
+
+    snprintf(what, sizeof what, "%s, %s, decode into NaN-poisoned store", isa, blade_kv_type_name(sh.type));
+    for (int32_t p = 0; p < n_ctx; p++) {
+        write_pos(&t, p);
+        run(&t, p, 1, other + (size_t)p * rf);
+        assert_rows_equal(other + (size_t)p * rf, all + (size_t)p * rf, rf, what, p);
+    }
+
+    snprintf(what, sizeof what, "%s, %s, assorted chunks", isa, blade_kv_type_name(sh.type));
+    uint64_t rs = 99;
+    for (int32_t p = 0; p < n_ctx;) {
+        int32_t len = 1 + (int32_t)(splitmix(&rs) % 40);
+        len = len < n_ctx - p ? len : n_ctx - p;
+        run(&t, p, len, other + (size_t)p * rf);
+        p += len;
+    }
+    for (int32_t p = 0; p < n_ctx; p++)
+        assert_rows_equal(other + (size_t)p * rf, all + (size_t)p * rf, rf, what, p);
+
+    snprintf(what, sizeof what, "%s, %s, one KV head per call", isa, blade_kv_type_name(sh.type));
+    memset(other, 0, (size_t)n_ctx * rf * sizeof *other);
+    for (int32_t p = 0; p < n_ctx; p += 64) {
+        int32_t len = 64 < n_ctx - p ? 64 : n_ctx - p;
+        for (int32_t h = sh.n_head_kv - 1; h >= 0; h--)
+            run_range(&s, p, len, h, h + 1, other + (size_t)p * rf);
+    }
+    for (int32_t p = 0; p < n_ctx; p++)
+        assert_rows_equal(other + (size_t)p * rf, all + (size_t)p * rf, rf, what, p);
+
+    free(all);
+    free(other);
+    scene_free(&s);
+    scene_free(&t);
+}
+
+static void test_batch_invariance(void **state)
+{
+    (void)state;
+    const shape shapes[] = {
+        {BLADE_KV_F16, 2, 4, 64, 16},
+        {BLADE_KV_BF16, 2, 8, 128, 32},
+        {BLADE_KV_F32, 3, 1, 80, 16},
+        {BLADE_KV_F16, 2, 2, 24, 5}, /* generic loads, narrower paths */
+    };
+    isa_list isas = supported_isas();
+    blade_isa saved = blade_isa_active();
+    for (int k = 0; k < isas.n; k++) {
+        blade_isa_set(isas.isa[k]);
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            check_invariance(shapes[i], 300);
+    }
+    blade_isa_set(saved);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kv_types),
+        cmocka_unit_test(test_kv_store_errors),
+        cmocka_unit_test(test_kv_write_layout),
+        cmocka_unit_test(test_reference_f32),
+        cmocka_unit_test(test_reference_f16_bf16),
+        cmocka_unit_test(test_reference_odd_shapes),
+        cmocka_unit_test(test_batch_invariance),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

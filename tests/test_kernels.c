@@ -1,0 +1,433 @@
+#include "testutil.h"
+
+#include "blade/kernels.h"
+#include "blade/types.h"
+#include "kernels/kernels_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- data ---- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t next_u64(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static float uniform(void)
+{
+    return (float)(next_u64() >> 40) * 0x1p-24f;
+}
+
+/* Roughly normal, with an occasional outlier so block scales vary a lot. */
+static float sample(void)
+{
+    float s = uniform() + uniform() + uniform() + uniform() - 2.0f;
+    return (next_u64() % 61 == 0) ? 8.0f * s : s;
+}
+
+static const uint32_t all_types[] = {BLADE_TYPE_F32,  BLADE_TYPE_F16,  BLADE_TYPE_BF16, BLADE_TYPE_Q8_0,
+                                     BLADE_TYPE_Q4_0, BLADE_TYPE_Q4_K, BLADE_TYPE_Q5_K, BLADE_TYPE_Q6_K};
+#define N_TYPES (sizeof all_types / sizeof all_types[0])
+
+typedef struct mm_case {
+    uint32_t type;
+    int64_t n, rows, ntok;
+    uint8_t *W;
+    size_t w_stride;
+    float *wf; /* dequantized weights, rows x n */
+    float *x;  /* activations, ntok x n */
+    uint8_t *X;
+    size_t x_stride;
+} mm_case;
+
+/* Offsets of the fp16 scale fields in each quantized block; every other byte is
+ * random, so all quant and sub-scale bit patterns occur (Q8_0's -128 included). */
+static void fix_scales(uint32_t type, uint8_t *blk)
+{
+    static const int q_d[][3] = {{BLADE_TYPE_Q8_0, 0, -1}, {BLADE_TYPE_Q4_0, 0, -1}, {BLADE_TYPE_Q4_K, 0, 2},
+                                 {BLADE_TYPE_Q5_K, 0, 2},  {BLADE_TYPE_Q6_K, 208, -1}};
+    for (size_t i = 0; i < sizeof q_d / sizeof q_d[0]; i++) {
+        if ((uint32_t)q_d[i][0] != type)
+            continue;
+        for (int k = 1; k < 3; k++) {
+            if (q_d[i][k] < 0)
+                continue;
+            uint16_t h = blade_fp32_to_fp16((0.002f + 0.01f * uniform()));
+            memcpy(blk + q_d[i][k], &h, 2);
+        }
+    }
+}
+
+static mm_case make_case(uint32_t type, int64_t n, int64_t rows, int64_t ntok)
+{
+    const blade_type_traits *tr = blade_type_traits_get(type);
+    mm_case c = {.type = type, .n = n, .rows = rows, .ntok = ntok};
+    c.w_stride = blade_type_row_bytes(type, n);
+    c.W = malloc(c.w_stride * (size_t)rows);
+    c.wf = malloc(sizeof(float) * (size_t)(n * rows));
+    if (tr->block_size == 1) {
+        for (int64_t i = 0; i < n * rows; i++)
+            c.wf[i] = sample() * 0.1f;
+        for (int64_t r = 0; r < rows; r++)
+            tr->from_float(c.wf + r * n, c.W + r * c.w_stride, n);
+    } else {
+        for (size_t i = 0; i < c.w_stride * (size_t)rows; i++)
+            c.W[i] = (uint8_t)next_u64();
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t b = 0; b < n / tr->block_size; b++)
+                fix_scales(type, c.W + r * c.w_stride + b * tr->block_bytes);
+    }
+    for (int64_t r = 0; r < rows; r++)
+        tr->to_float(c.W + r * c.w_stride, c.wf + r * n, n);
+    c.x = malloc(sizeof(float) * (size_t)(n * ntok));
+    for (int64_t i = 0; i < n * ntok; i++)
+        c.x[i] = sample();
+    c.x_stride = blade_act_row_bytes(type, n);
+    c.X = aligned_alloc(64, c.x_stride * (size_t)ntok);
+    for (int64_t t = 0; t < ntok; t++)
+        blade_act_convert(type, c.x + t * n, c.X + t * c.x_stride, n);
+    return c;
+}
+
+static void free_case(mm_case *c)
+{
+    free(c->W);
+    free(c->wf);
+    free(c->x);
+    free(c->X);
+}
+
+/* Y[t * rows + r] for tokens [t0, t1) and rows [r0, r1) in one call. */
+static void mm(const mm_case *c, float *Y, int64_t t0, int64_t t1, int64_t r0, int64_t r1)
+{
+    blade_matmul(c->type, c->W, c->w_stride, c->X + t0 * c->x_stride, c->x_stride, c->n, Y + t0 * c->rows, c->rows,
+                 t1 - t0, r0, r1);
+}
+
+/* ---- batch invariance ---- */
+
+static void check_invariance(uint32_t type, int64_t n)
+{
+    const int64_t rows = 37, ntok = 37;
+    mm_case c = make_case(type, n, rows, ntok);
+    size_t ybytes = sizeof(float) * (size_t)(rows * ntok);
+    float *one = malloc(ybytes), *y = malloc(ybytes);
+    blade_isa saved = blade_isa_active();
+    for (int isa = 0; isa < BLADE_ISA_COUNT; isa++) {
+        if (!blade_isa_supported((blade_isa)isa))
+            continue;
+        blade_isa_set((blade_isa)isa);
+        for (int64_t t = 0; t < ntok; t++)
+            mm(&c, one, t, t + 1, 0, rows);
+        /* Every batch size, so every partial tile shape is covered. */
+        for (int64_t nt = 1; nt <= ntok; nt++) {
+            memset(y, 0xff, ybytes);
+            mm(&c, y, 0, nt, 0, rows);
+            if (memcmp(y, one, sizeof(float) * (size_t)(rows * nt)) != 0)
+                fail_msg("%s on %s: %ld-token batch differs from single tokens", blade_type_traits_get(type)->name,
+                         blade_isa_name((blade_isa)isa), (long)nt);
+        }
+        /* Arbitrary row and token splits, as threads and callers would make them. */
+        for (int trial = 0; trial < 6; trial++) {
+            memset(y, 0xff, ybytes);
+            for (int64_t t0 = 0; t0 < ntok;) {
+                int64_t t1 = t0 + 1 + (int64_t)(next_u64() % 11);
+                t1 = t1 > ntok ? ntok : t1;
+                for (int64_t r0 = 0; r0 < rows;) {
+                    int64_t r1 = r0 + 1 + (int64_t)(next_u64() % 9);
+                    r1 = r1 > rows ? rows : r1;
+                    mm(&c, y, t0, t1, r0, r1);
+                    r0 = r1;
+                }
+                t0 = t1;
+            }
+            if (memcmp(y, one, ybytes) != 0)
+                fail_msg("%s on %s: split call differs from single tokens", blade_type_traits_get(type)->name,
+                         blade_isa_name((blade_isa)isa));
+        }
+    }
+    blade_isa_set(saved);
+    free(one);
+    free(y);
+    free_case(&c);
+}
+
+/* n is chosen so every tail path runs: an odd number of 32-blocks (the AVX-512 pair
+ * kernels' half-empty last unit) and float rows that are not whole vectors. */
+static void test_invariance_float(void **state)
+{
+    (void)state;
+    check_invariance(BLADE_TYPE_F32, 300);
+    check_invariance(BLADE_TYPE_F16, 300);
+    check_invariance(BLADE_TYPE_BF16, 300);
+}
+
+static void test_invariance_q32(void **state)
+{
+    (void)state;
+    check_invariance(BLADE_TYPE_Q8_0, 13 * 32);
+    check_invariance(BLADE_TYPE_Q4_0, 13 * 32);
+    check_invariance(BLADE_TYPE_Q8_0, 8 * 32);
+    check_invariance(BLADE_TYPE_Q4_0, 8 * 32);
+}
+
+static void test_invariance_k(void **state)
+{
+    (void)state;
+    check_invariance(BLADE_TYPE_Q4_K, 3 * 256);
+    check_invariance(BLADE_TYPE_Q5_K, 3 * 256);
+    check_invariance(BLADE_TYPE_Q6_K, 3 * 256);
+}
+
+/* ---- accuracy ----
+ *
+ * Against the scalar kernel, an ISA sees the same converted activations and the same
+ * exact integer block sums; only float rounding differs: the order and grouping of at
+ * most n/8 per-lane additions (plus the horizontal sum, FMA vs separate rounding, and
+ * vdpbf16ps's internal roundings), each contributing at most 2^-24 of the running
+ * magnitude. The standard recursive-summation bound gives
+ *     |y_isa - y_scalar| <= (n/8 + 16) * 2^-24 * S,   S = sum |w_i| |x_i|.
+ *
+ * Against a double-precision dot of the dequantized weights and the original float
+ * activations, the scalar kernel also carries the activation conversion error e_i:
+ *   int8 blocks: |e_i| <= amax_block / 254 (round to nearest with step amax/127), so
+ *     |sum w_i e_i| <= B = sum_i |w_i| * amax_block(i) / 254   (worst case, per output);
+ *   bf16: |e_i| <= 2^-8 |x_i|, so B = 2^-8 * S;   f32 activations: B = 0.
+ * The tolerance is B plus the rounding term above. Since the e_i are rounding errors of
+ * effectively random sign, their weighted sum is ~sqrt(n) times smaller than the
+ * worst case, so the mean error over all outputs must also stay under B/4: a systematic
+ * error of that size (a wrong scale, a dropped sub-block) would fail even when each
+ * output alone slips under the worst-case bound. */
+
+static double act_bound(uint32_t type, const float *w, const float *x, int64_t n)
+{
+    int64_t block = type == BLADE_TYPE_Q8_0 || type == BLADE_TYPE_Q4_0                           ? 32
+                    : type == BLADE_TYPE_Q4_K || type == BLADE_TYPE_Q5_K || type == BLADE_TYPE_Q6_K ? 256
+                                                                                                    : 0;
+    double b = 0.0;
+    if (block) {
+        for (int64_t s = 0; s < n; s += block) {
+            double amax = 0.0, sw = 0.0;
+            for (int64_t i = s; i < s + block; i++) {
+                amax = fabs(x[i]) > amax ? fabs(x[i]) : amax;
+                sw += fabs(w[i]);
+            }
+            b += sw * amax / 254.0;
+        }
+    } else if (type == BLADE_TYPE_BF16) {
+        for (int64_t i = 0; i < n; i++)
+            b += fabs((double)w[i] * x[i]) * 0x1p-8;
+    }
+    return b;
+}
+
+static void check_accuracy(uint32_t type, int64_t n)
+{
+    const int64_t rows = 19, ntok = 7;
+    mm_case c = make_case(type, n, rows, ntok);
+    size_t ybytes = sizeof(float) * (size_t)(rows * ntok);
+    float *ys = malloc(ybytes), *y = malloc(ybytes);
+    blade_isa saved = blade_isa_active();
+    blade_isa_set(BLADE_ISA_SCALAR);
+    mm(&c, ys, 0, ntok, 0, rows);
+    double round_k = ((double)n / 8 + 16) * 0x1p-24;
+    double sum_err = 0.0, sum_bound = 0.0;
+    for (int64_t t = 0; t < ntok; t++) {
+        for (int64_t r = 0; r < rows; r++) {
+            const float *w = c.wf + r * n, *x = c.x + t * n;
+            double ref = 0.0, s = 0.0;
+            for (int64_t i = 0; i < n; i++) {
+                ref += (double)w[i] * x[i];
+                s += fabs((double)w[i] * x[i]);
+            }
+            double b = act_bound(type, w, x, n);
+            double err = fabs(ys[t * rows + r] - ref);
+            if (err > b + round_k * (s + b))
+                fail_msg("%s scalar: row %ld token %ld: %g vs %g (bound %g)", blade_type_traits_get(type)->name,
+                         (long)r, (long)t, ys[t * rows + r], ref, b + round_k * (s + b));
+            sum_err += err;
+            sum_bound += b;
+        }
+    }
+    if (sum_bound > 0.0 && sum_err > 0.25 * sum_bound)
+        fail_msg("%s scalar: mean error %g exceeds a quarter of the worst-case bound %g",
+                 blade_type_traits_get(type)->name, sum_err, sum_bound);
+    for (int isa = 1; isa < BLADE_ISA_COUNT; isa++) {
+        if (!blade_isa_supported((blade_isa)isa))
+            continue;
+        blade_isa_set((blade_isa)isa);
+        mm(&c, y, 0, ntok, 0, rows);
+        for (int64_t t = 0; t < ntok; t++) {
+            for (int64_t r = 0; r < rows; r++) {
+                const float *w = c.wf + r * n, *x = c.x + t * n;
+                double s = 0.0;
+                for (int64_t i = 0; i < n; i++)
+                    s += fabs((double)w[i] * x[i]);
+                double b = act_bound(type, w, x, n);
+                double tol = round_k * (s + b);
+                double err = fabs((double)y[t * rows + r] - ys[t * rows + r]);
+                if (!(err <= tol))
+                    fail_msg("%s %s: row %ld token %ld: %.9g vs scalar %.9g (tol %g)",
+                             blade_type_traits_get(type)->name, blade_isa_name((blade_isa)isa), (long)r, (long)t,
+                             y[t * rows + r], ys[t * rows + r], tol);
+            }
+        }
+    }
+    blade_isa_set(saved);
+    free(ys);
+    free(y);
+    free_case(&c);
+}
+
+static void test_accuracy(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < N_TYPES; i++) {
+        int64_t n = all_types[i] == BLADE_TYPE_Q4_K || all_types[i] == BLADE_TYPE_Q5_K || all_types[i] == BLADE_TYPE_Q6_K
+                        ? 2048
+                        : 1056;
+        check_accuracy(all_types[i], n);
+    }
+}
+
+/* ---- activation conversion ---- */
+
+static void test_act_convert(void **state)
+{
+    (void)state;
+    const int64_t n = 13 * 32;
+    float x[13 * 32];
+    for (int64_t i = 0; i < n; i++)
+        x[i] = sample();
+    x[5] = 0.0f;
+    for (int i = 64; i < 96; i++)
+        x[i] = 0.0f; /* an all-zero block gets d = 0 */
+    size_t bytes = blade_act_row_bytes(BLADE_TYPE_Q4_0, n);
+    assert_int_equal(bytes % 64, 0);
+    uint8_t *buf = malloc(bytes);
+    memset(buf, 0xAB, bytes);
+    blade_act_convert(BLADE_TYPE_Q4_0, x, buf, n);
+    act_q8_view a = act_q8_at(buf, n);
+    for (int64_t b = 0; b < n / 32; b++) {
+        int32_t s = 0;
+        for (int j = 0; j < 32; j++) {
+            int8_t q = a.q[b * 32 + j];
+            assert_true(q != -128);
+            assert_true(fabsf(x[b * 32 + j] - a.d[b] * q) <= a.d[b] * 0.5f * 1.0001f + 1e-30f);
+            s += q;
+        }
+        assert_int_equal(s, a.sum[b]);
+    }
+    assert_true(a.d[2] == 0.0f);
+    /* Padding past the last block is zero, as the whole-vector loads rely on. */
+    for (size_t i = (size_t)n; i < act_pad((size_t)n); i++)
+        assert_int_equal(a.q[i], 0);
+    assert_true(a.d[n / 32] == 0.0f);
+    free(buf);
+
+    const int64_t nk = 512;
+    float xk[512];
+    for (int64_t i = 0; i < nk; i++)
+        xk[i] = sample();
+    bytes = blade_act_row_bytes(BLADE_TYPE_Q6_K, nk);
+    buf = malloc(bytes);
+    blade_act_convert(BLADE_TYPE_Q6_K, xk, buf, nk);
+    act_k_view k = act_k_at(buf, nk);
+    for (int64_t g = 0; g < nk / 16; g++) {
+        int32_t s = 0;
+        for (int j = 0; j < 16; j++)
+            s += k.q[g * 16 + j];
+        assert_int_equal(s, k.sum16[g]);
+    }
+    for (int64_t i = 0; i < nk; i++)
+        assert_true(fabsf(xk[i] - k.d[i / 256] * k.q[i]) <= k.d[i / 256] * 0.5f * 1.0001f);
+    free(buf);
+
+    assert_false(blade_matmul_supported(BLADE_TYPE_Q2_K));
+    assert_int_equal(blade_act_row_bytes(BLADE_TYPE_Q2_K, 256), 0);
+    for (size_t i = 0; i < N_TYPES; i++)
+        assert_true(blade_matmul_supported(all_types[i]));
+}
+
+/* The vector converters must write exactly the portable converter's bytes, special
+ * values included, since rows are shared across ISAs. */
+static void test_act_convert_isas(void **state)
+{
+    (void)state;
+    const int64_t n = 3 * 256 + 64; /* 3 super-blocks for K types; a ragged tail for BF16 */
+    float *x = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = sample() * (next_u64() % 5 == 0 ? 1e4f : 1.0f);
+    x[3] = NAN;
+    x[40] = -INFINITY;
+    x[100] = 1e-40f; /* subnormal */
+    x[101] = -0.0f;
+    x[300] = 0x1p127f;
+    for (int i = 512; i < 544; i++)
+        x[i] = 1e-35f; /* a block below the quantizer's zero threshold */
+    x[700] = -NAN;
+    blade_isa saved = blade_isa_active();
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        uint32_t type = all_types[ti];
+        int64_t len = type == BLADE_TYPE_Q8_0 || type == BLADE_TYPE_Q4_0 || type == BLADE_TYPE_BF16 ? n : 3 * 256;
+        size_t bytes = blade_act_row_bytes(type, len);
+        uint8_t *ref = malloc(bytes), *got = malloc(bytes);
+        blade_isa_set(BLADE_ISA_SCALAR);
+        blade_act_convert(type, x, ref, len);
+        for (int isa = 1; isa < BLADE_ISA_COUNT; isa++) {
+            if (!blade_isa_supported((blade_isa)isa))
+                continue;
+            blade_isa_set((blade_isa)isa);
+            memset(got, 0x5A, bytes);
+            blade_act_convert(type, x, got, len);
+            if (memcmp(ref, got, bytes) != 0)
+                fail_msg("%s activations on %s differ from the portable converter", blade_type_traits_get(type)->name,
+                         blade_isa_name((blade_isa)isa));
+        }
+        free(ref);
+        free(got);
+    }
+    blade_isa_set(saved);
+    free(x);
+}
+
+/* ---- ISA selection ---- */
+
+static void test_isa(void **state)
+{
+    (void)state;
+    assert_true(blade_isa_supported(BLADE_ISA_SCALAR));
+    const blade_cpu_features *f = blade_cpu_get_features();
+    assert_true(!blade_isa_supported(BLADE_ISA_AVX512) || (f->avx512f && f->avx512bw && f->avx512vl && f->avx2));
+    assert_true(!blade_isa_supported(BLADE_ISA_AVX2) || (f->avx2 && f->fma && f->f16c));
+    blade_isa best = blade_isa_active();
+    assert_true(blade_isa_supported(best));
+    blade_isa_set(BLADE_ISA_SCALAR);
+    assert_int_equal(blade_isa_active(), BLADE_ISA_SCALAR);
+    blade_isa_set(best);
+    assert_int_equal(blade_isa_active(), best);
+    assert_string_equal(blade_isa_name(BLADE_ISA_AVX2), "avx2");
+    fprintf(stderr, "active ISA: %s (vnni %d, bf16 %d)\n", blade_isa_name(best), f->avx512vnni, f->avx512bf16);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_isa),
+        cmocka_unit_test(test_act_convert),
+        cmocka_unit_test(test_act_convert_isas),
+        cmocka_unit_test(test_invariance_float),
+        cmocka_unit_test(test_invariance_q32),
+        cmocka_unit_test(test_invariance_k),
+        cmocka_unit_test(test_accuracy),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

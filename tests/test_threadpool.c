@@ -1,0 +1,234 @@
+#include "testutil.h"
+
+#include "blade/kernels.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_THREADS 8
+
+typedef struct coverage {
+    int nth_expected;
+    _Atomic int calls[MAX_THREADS];
+    _Atomic int bad_nth;
+    _Atomic int bad_ith;
+    int run_mask[MAX_THREADS]; /* written by thread ith only: the last run it saw */
+    int run;
+} coverage;
+
+static void count(void *ctx, int ith, int nth)
+{
+    coverage *c = ctx;
+    if (nth != c->nth_expected)
+        atomic_fetch_add(&c->bad_nth, 1);
+    if (ith < 0 || ith >= nth || ith >= MAX_THREADS) {
+        atomic_fetch_add(&c->bad_ith, 1);
+        return;
+    }
+    atomic_fetch_add(&c->calls[ith], 1);
+    c->run_mask[ith] = c->run;
+}
+
+/* Many tiny runs: every thread index runs exactly once per run, with the pool size, and
+ * the run has fully finished (every thread saw this run) when blade_threadpool_run
+ * returns. */
+static void test_many_runs(void **state)
+{
+    (void)state;
+    for (int n = 1; n <= MAX_THREADS; n++) {
+        blade_threadpool *p = blade_threadpool_new(n);
+        assert_non_null(p);
+        assert_int_equal(blade_threadpool_size(p), n);
+        coverage *c = calloc(1, sizeof *c);
+        c->nth_expected = n;
+        const int runs = n <= 2 ? 20000 : 1000;
+        for (int r = 1; r <= runs; r++) {
+            c->run = r;
+            blade_threadpool_run(p, count, c);
+            for (int i = 0; i < n; i++)
+                if (c->run_mask[i] != r)
+                    fail_msg("pool of %d: thread %d missed run %d", n, i, r);
+        }
+        for (int i = 0; i < n; i++)
+            assert_int_equal(atomic_load(&c->calls[i]), runs);
+        assert_int_equal(atomic_load(&c->bad_nth), 0);
+        assert_int_equal(atomic_load(&c->bad_ith), 0);
+        blade_threadpool_free(p);
+        free(c);
+    }
+}
+
+/* A partitioned sum, as kernels use the pool: each thread takes its share of rows. */
+typedef struct partition {
+    int64_t n;
+    int64_t *out;
+} partition;
+
+static void fill(void *ctx, int ith, int nth)
+{
+    partition *w = ctx;
+    int64_t a = w->n * ith / nth, b = w->n * (ith + 1) / nth;
+    for (int64_t i = a; i < b; i++)
+        w->out[i] += i + 1;
+}
+
+static void test_partition(void **state)
+{
+    (void)state;
+    blade_threadpool *p = blade_threadpool_new(4);
+    partition w = {.n = 10007, .out = calloc(10007, sizeof(int64_t))};
+    for (int r = 0; r < 100; r++)
+        blade_threadpool_run(p, fill, &w);
+    for (int64_t i = 0; i < w.n; i++)
+        assert_int_equal(w.out[i], 100 * (i + 1));
+    free(w.out);
+    blade_threadpool_free(p);
+}
+
+/* Nested use: a run issued from inside a run on the same pool executes inline as one
+ * thread instead of deadlocking on busy workers. */
+typedef struct nested {
+    blade_threadpool *p;
+    _Atomic int inner_calls;
+    _Atomic int inner_bad;
+} nested;
+
+static void inner(void *ctx, int ith, int nth)
+{
+    nested *s = ctx;
+    if (ith != 0 || nth != 1)
+        atomic_fetch_add(&s->inner_bad, 1);
+    atomic_fetch_add(&s->inner_calls, 1);
+}
+
+static void outer(void *ctx, int ith, int nth)
+{
+    (void)ith;
+    (void)nth;
+    nested *s = ctx;
+    blade_threadpool_run(s->p, inner, s);
+}
+
+static void test_nested(void **state)
+{
+    (void)state;
+    nested s = {.p = blade_threadpool_new(3)};
+    for (int r = 0; r < 200; r++)
+        blade_threadpool_run(s.p, outer, &s);
+    assert_int_equal(atomic_load(&s.inner_calls), 200 * 3);
+    assert_int_equal(atomic_load(&s.inner_bad), 0);
+    blade_threadpool_free(s.p);
+}
+
+/* Two caller threads sharing one pool: runs are serialized, none is lost. */
+typedef struct shared_use {
+    blade_threadpool *p;
+    coverage c;
+} shared_use;
+
+static void tally(void *ctx, int ith, int nth)
+{
+    coverage *c = ctx;
+    (void)nth;
+    atomic_fetch_add(&c->calls[ith], 1);
+}
+
+static void *caller(void *arg)
+{
+    shared_use *u = arg;
+    for (int r = 0; r < 2000; r++)
+        blade_threadpool_run(u->p, tally, &u->c);
+    return NULL;
+}
+
+static void test_concurrent_callers(void **state)
+{
+    (void)state;
+    shared_use *u = calloc(1, sizeof *u);
+    u->p = blade_threadpool_new(2);
+    pthread_t a, b;
+    pthread_create(&a, NULL, caller, u);
+    pthread_create(&b, NULL, caller, u);
+    pthread_join(a, NULL);
+    pthread_join(b, NULL);
+    assert_int_equal(atomic_load(&u->c.calls[0]), 4000);
+    assert_int_equal(atomic_load(&u->c.calls[1]), 4000);
+    blade_threadpool_free(u->p);
+    free(u);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Freed at once, after workers have gone to sleep, and after a pause between runs long
+ * enough for the workers (and the caller's wait) to block rather than spin. */
+static void test_idle_and_free(void **state)
+{
+    (void)state;
+    blade_threadpool_free(blade_threadpool_new(4));
+    blade_threadpool_free(NULL);
+
+    blade_threadpool *p = blade_threadpool_new(4);
+    coverage *c = calloc(1, sizeof *c);
+    c->nth_expected = 4;
+    for (int r = 1; r <= 5; r++) {
+        sleep_ms(20);
+        c->run = r;
+        blade_threadpool_run(p, count, c);
+    }
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(atomic_load(&c->calls[i]), 5);
+    sleep_ms(20);
+    blade_threadpool_free(p);
+    free(c);
+}
+
+static void slow(void *ctx, int ith, int nth)
+{
+    (void)nth;
+    coverage *c = ctx;
+    /* Thread 0 finishes first, so the caller outlasts its spin and blocks. */
+    if (ith != 0)
+        sleep_ms(15);
+    atomic_fetch_add(&c->calls[ith], 1);
+}
+
+static void test_caller_blocks(void **state)
+{
+    (void)state;
+    blade_threadpool *p = blade_threadpool_new(3);
+    coverage *c = calloc(1, sizeof *c);
+    for (int r = 0; r < 5; r++)
+        blade_threadpool_run(p, slow, c);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(atomic_load(&c->calls[i]), 5);
+    blade_threadpool_free(p);
+    free(c);
+}
+
+static void test_default_size(void **state)
+{
+    (void)state;
+    int cores = blade_physical_cores();
+    assert_true(cores >= 1);
+    blade_threadpool *p = blade_threadpool_new(0);
+    assert_int_equal(blade_threadpool_size(p), cores);
+    blade_threadpool_free(p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_many_runs),      cmocka_unit_test(test_partition),
+        cmocka_unit_test(test_nested),         cmocka_unit_test(test_concurrent_callers),
+        cmocka_unit_test(test_idle_and_free),  cmocka_unit_test(test_caller_blocks),
+        cmocka_unit_test(test_default_size),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
