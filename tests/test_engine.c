@@ -74,6 +74,7 @@ typedef struct spec {
     float temperature;
     uint64_t seed;
     const char *salt;
+    bool ignore_eos;
 } spec;
 
 static char *small_model(void)
@@ -116,6 +117,7 @@ static uint64_t submit(blade_engine *e, const spec *s, result *r, bool logits)
     q.sampling.temperature = s->temperature;
     q.sampling.seed = s->seed;
     q.cache_salt = s->salt;
+    q.ignore_eos = s->ignore_eos;
     q.want_logits = logits;
     q.callback = on_token;
     q.user = r;
@@ -306,6 +308,7 @@ static void test_abort_frees_blocks(void **state)
     for (int i = 0; i < 300; i++)
         s->prompt[i] = 3 + i % 300;
     s->max_tokens = 100000;
+    s->ignore_eos = true;
     result r;
     result_init(&r, m->hp.n_vocab);
     uint64_t id = submit(e, s, &r, false);

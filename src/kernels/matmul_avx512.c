@@ -25,8 +25,8 @@
  * a single sequential weight stream is what the hardware prefetchers follow best (four
  * interleaved row streams measured at half the bandwidth), and the per-unit work is
  * long enough that one accumulator chain does not limit it. */
-#define TILE_R 3
-#define TILE_T 4
+#define TILE_R 2
+#define TILE_T 8
 /* Tokens whose converted activations stay cache-resident while a row tile's decoded
  * weights are reused across them. */
 #define TOKEN_CHUNK 64
