@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages blade builds and tests with, skipping the ones already present.
 set -euo pipefail
-packages=(build-essential cmake ninja-build pkg-config clang libpcre2-dev libcmocka-dev libssl-dev)
+packages=(build-essential cmake ninja-build pkg-config clang libpcre2-dev libcmocka-dev libssl-dev libjansson-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

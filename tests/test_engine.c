@@ -212,7 +212,9 @@ static void test_invariance_under_load(void **state)
         for (int i = 0; i < N_REQ; i++) {
             result_init(&got[i], nv);
             submit(e, &specs[i], &got[i], true);
-            if (rnd() % 2)
+            /* the first engine gets a burst, so its small pool must preempt; the others
+             * see requests arriving while earlier ones run */
+            if (c > 0 && rnd() % 2)
                 usleep(rnd() % 3000);
         }
         blade_engine_wait_idle(e);
@@ -290,6 +292,62 @@ static void test_prefix_reuse_and_salt(void **state)
     result_free(&rc);
     free(a);
     free(b);
+    blade_engine_free(e, true);
+    blade_model_free(m);
+    free(path);
+}
+
+static void on_choice(const blade_token_event *ev)
+{
+    result *choices = ev->user;
+    blade_token_event copy = *ev;
+    copy.user = &choices[ev->choice];
+    on_token(&copy);
+}
+
+/* n = 3 choices: the later ones start from the first one's cached prompt blocks and
+ * sample with their own seeds. */
+static void test_choices_share_prompt(void **state)
+{
+    (void)state;
+    char *path = small_model();
+    blade_error err = {{0}};
+    blade_model *m = blade_model_load(path, &err);
+    blade_engine *e = engine_with(m, 64, 64, 8);
+    int32_t prompt[100];
+    for (int i = 0; i < 100; i++)
+        prompt[i] = 3 + (i * 13) % 390;
+    result choices[3];
+    for (int i = 0; i < 3; i++)
+        result_init(&choices[i], m->hp.n_vocab);
+    blade_request q;
+    blade_request_default(&q);
+    q.prompt_tokens = prompt;
+    q.n_prompt_tokens = 100;
+    q.max_tokens = 5;
+    q.ignore_eos = true;
+    q.n = 3;
+    q.sampling.temperature = 1.0f;
+    q.sampling.top_k = 0;
+    q.sampling.top_p = 1.0f;
+    q.sampling.min_p = 0.0f;
+    q.sampling.seed = 11;
+    q.callback = on_choice;
+    q.user = choices;
+    assert_true(blade_engine_submit(e, &q, &err) > 0);
+    blade_engine_wait_idle(e);
+    for (int i = 0; i < 3; i++) {
+        assert_true(choices[i].done);
+        assert_int_equal(choices[i].n, 5);
+        assert_int_equal(choices[i].cached, i == 0 ? 0 : 96);
+    }
+    /* prompt once, the 4-token tail twice more, 4 decode steps per choice */
+    assert_int_equal(computed(e), 100 + 4 + 4 + 3 * 4);
+    assert_true(memcmp(choices[0].tokens, choices[1].tokens, sizeof choices[0].tokens) != 0 ||
+                memcmp(choices[1].tokens, choices[2].tokens, sizeof choices[0].tokens) != 0);
+    assert_clean(e, "choices");
+    for (int i = 0; i < 3; i++)
+        result_free(&choices[i]);
     blade_engine_free(e, true);
     blade_model_free(m);
     free(path);
@@ -409,7 +467,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_invariance_under_load), cmocka_unit_test(test_prefix_reuse_and_salt),
         cmocka_unit_test(test_abort_frees_blocks),    cmocka_unit_test(test_rejects_bad_requests),
-        cmocka_unit_test(test_stop_strings_real_model),
+        cmocka_unit_test(test_stop_strings_real_model), cmocka_unit_test(test_choices_share_prompt),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

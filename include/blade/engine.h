@@ -47,6 +47,7 @@ const char *blade_finish_reason_name(blade_finish_reason r);
 
 typedef struct blade_token_event {
     uint64_t request_id;
+    int32_t choice;              /* 0..n-1 */
     void *user;
     /* the sampled token (-1 on a finish event that carries no token) */
     int32_t token;
@@ -82,8 +83,13 @@ typedef struct blade_request {
     bool ignore_eos;
     int32_t logprobs;             /* -1: none; 0: the sampled token's; n: also the top n (<= 20) */
     bool want_logits;             /* hand the raw logits row to the callback (tests, tools) */
+    int32_t n;                    /* choices (1..16): choice i samples with seed + i; choices after
+                                   * the first start once the prompt is cached, so they share
+                                   * its KV blocks instead of computing it again */
     blade_traffic_class cls;
     const char *cache_salt;       /* tenant isolation of the prefix cache; NULL for none */
+    bool pin_prefix;              /* keep this prompt's full blocks cached for good (a shared
+                                   * system prompt): they are never evicted */
     blade_token_callback callback;
     void *user;
 } blade_request;
@@ -99,8 +105,9 @@ void blade_engine_free(blade_engine *e, bool drain);
 
 /* Validates and queues a request; returns its id (> 0), or 0 with err set. */
 uint64_t blade_engine_submit(blade_engine *e, const blade_request *r, blade_error *err);
-/* Aborts a request: its blocks return to the pool within one step and its callback gets a
- * BLADE_FINISH_ABORT event. Returns false if no such live request. */
+/* Aborts a request (all its choices): its blocks return to the pool within one step and its
+ * callback gets a BLADE_FINISH_ABORT event per unfinished choice. Returns false for an id
+ * that was never issued. */
 bool blade_engine_abort(blade_engine *e, uint64_t id);
 /* Blocks until no request is running or waiting. */
 void blade_engine_wait_idle(blade_engine *e);
@@ -112,6 +119,7 @@ typedef struct blade_engine_stats {
     int32_t kv_blocks_used;
     int32_t kv_blocks_cached;
     int32_t kv_blocks_free;
+    int32_t kv_blocks_pinned;
     int32_t block_size;
     double prefix_hit_rate;   /* tokens found cached / tokens looked up */
     uint64_t prefix_hit_tokens;

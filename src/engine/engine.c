@@ -14,17 +14,22 @@
 #include <time.h>
 
 #define MAX_STOP_STRINGS 64
+#define MAX_CHOICES 16
 #define MAX_STOP_LEN 1024
 
 typedef struct request_state {
     blade_sched_seq seq;
     uint64_t id;
+    int32_t choice;
+    struct request_state *followers; /* choices 1..n-1, started once choice 0 has the prompt cached */
     blade_token_callback callback;
     void *user;
     int32_t max_tokens;
     bool ignore_eos;
     int32_t logprobs;
     bool want_logits;
+    bool pin_prefix;
+    char *salt;
     int32_t *tokens;
     int32_t cap_tokens;
     int32_t n_generated;
@@ -98,6 +103,7 @@ void blade_request_default(blade_request *r)
     blade_sampling_params_default(&r->sampling);
     r->max_tokens = 16;
     r->logprobs = -1;
+    r->n = 1;
     r->cls = BLADE_CLASS_INTERACTIVE;
 }
 
@@ -189,11 +195,17 @@ static void request_free(request_state *r)
 {
     if (!r)
         return;
+    while (r->followers) {
+        request_state *f = r->followers;
+        r->followers = f->next_live;
+        request_free(f);
+    }
     free(r->tokens);
     blade_sampler_free(r->sampler);
     blade_stop_destroy(&r->stop);
     free(r->piece);
     free(r->text);
+    free(r->salt);
     blade_kv_seq_destroy(&r->seq.kv);
     free(r);
 }
@@ -202,6 +214,8 @@ static int validate_request(const blade_request *q, blade_error *err)
 {
     if (!q->callback)
         return blade_error_set(err, "a request needs a callback");
+    if (q->n < 1 || q->n > MAX_CHOICES)
+        return blade_error_set(err, "n must be between 1 and %d, got %d", MAX_CHOICES, q->n);
     if (q->max_tokens <= 0)
         return blade_error_set(err, "max_tokens must be at least 1, got %d", q->max_tokens);
     if (q->logprobs < -1 || q->logprobs > BLADE_MAX_TOP_LOGPROBS)
@@ -267,30 +281,44 @@ static int tokenize_prompt(const blade_engine *e, const blade_request *q, reques
     return 0;
 }
 
-uint64_t blade_engine_submit(blade_engine *e, const blade_request *q, blade_error *err)
+/* One choice of a request, with everything but its id. */
+static request_state *new_choice(blade_engine *e, const blade_request *q, int32_t choice, const request_state *first,
+                                 blade_error *err)
 {
-    if (validate_request(q, err))
-        return 0;
     request_state *r = calloc(1, sizeof *r);
     if (!r)
-        return blade_error_set(err, "out of memory"), 0;
+        return blade_error_set(err, "out of memory"), NULL;
     r->t_submit = now();
+    r->choice = choice;
     r->callback = q->callback;
     r->user = q->user;
     r->max_tokens = q->max_tokens;
     r->ignore_eos = q->ignore_eos;
     r->logprobs = q->logprobs;
     r->want_logits = q->want_logits;
+    r->pin_prefix = q->pin_prefix;
     r->seq.cls = q->cls;
+    blade_sampling_params sp = q->sampling;
+    sp.seed += (uint64_t)choice;
     r->piece = malloc(e->piece_cap);
-    r->sampler = blade_sampler_new(&q->sampling, e->m->hp.n_vocab);
+    r->sampler = blade_sampler_new(&sp, e->m->hp.n_vocab);
     if (!r->piece || !r->sampler || blade_stop_init(&r->stop, q->stop, q->n_stop)) {
         request_free(r);
-        return blade_error_set(err, "out of memory"), 0;
+        return blade_error_set(err, "out of memory"), NULL;
     }
-    if (tokenize_prompt(e, q, r, err)) {
+    if (first) {
+        r->tokens = malloc((size_t)first->cap_tokens * sizeof *r->tokens);
+        if (!r->tokens) {
+            request_free(r);
+            return blade_error_set(err, "out of memory"), NULL;
+        }
+        memcpy(r->tokens, first->tokens, (size_t)first->seq.n_prompt * sizeof *r->tokens);
+        r->cap_tokens = first->cap_tokens;
+        r->seq.n_tokens = r->seq.n_prompt = first->seq.n_prompt;
+        r->seq.max_total = first->seq.max_total;
+    } else if (tokenize_prompt(e, q, r, err)) {
         request_free(r);
-        return 0;
+        return NULL;
     }
     r->seq.tokens = r->tokens;
     for (int32_t i = 0; i < r->seq.n_prompt; i++)
@@ -300,7 +328,31 @@ uint64_t blade_engine_submit(blade_engine *e, const blade_request *q, blade_erro
      * generated piece keeps its leading space. */
     r->detok.at_start = false;
     const char *salt = q->cache_salt;
+    if (salt && !(r->salt = strdup(salt))) {
+        request_free(r);
+        return blade_error_set(err, "out of memory"), NULL;
+    }
     blade_kv_seq_init(&r->seq.kv, e->kv, salt, salt ? strlen(salt) : 0);
+    return r;
+}
+
+uint64_t blade_engine_submit(blade_engine *e, const blade_request *q, blade_error *err)
+{
+    if (validate_request(q, err))
+        return 0;
+    request_state *r = new_choice(e, q, 0, NULL, err);
+    if (!r)
+        return 0;
+    request_state **tail = &r->followers;
+    for (int32_t i = 1; i < q->n; i++) {
+        request_state *f = new_choice(e, q, i, r, err);
+        if (!f) {
+            request_free(r);
+            return 0;
+        }
+        *tail = f;
+        tail = &f->next_live;
+    }
 
     pthread_mutex_lock(&e->mu);
     if (e->stopping) {
@@ -309,6 +361,8 @@ uint64_t blade_engine_submit(blade_engine *e, const blade_request *q, blade_erro
         return blade_error_set(err, "the engine is shutting down"), 0;
     }
     r->id = r->seq.id = e->next_id++;
+    for (request_state *f = r->followers; f; f = f->next_live)
+        f->id = f->seq.id = r->id;
     if (e->incoming_tail)
         e->incoming_tail->next_live = r;
     else
@@ -363,6 +417,28 @@ static void live_unlink(blade_engine *e, request_state *r)
         r->next_live->prev_live = r->prev_live;
 }
 
+static void live_add(blade_engine *e, request_state *r)
+{
+    r->prev_live = NULL;
+    r->next_live = e->live;
+    if (e->live)
+        e->live->prev_live = r;
+    e->live = r;
+    blade_scheduler_add(e->sched, &r->seq);
+}
+
+/* The other choices start once the first has its prompt in the cache (its first token),
+ * so they find every full prompt block there. */
+static void release_followers(blade_engine *e, request_state *r)
+{
+    while (r->followers) {
+        request_state *f = r->followers;
+        r->followers = f->next_live;
+        f->t_submit = r->t_submit;
+        live_add(e, f);
+    }
+}
+
 static bool append_text(request_state *r, const char *s, size_t n, size_t *len)
 {
     if (*len + n + 1 > r->cap_text) {
@@ -401,12 +477,24 @@ static bool drain_text(request_state *r, size_t *len)
 static void fill_usage(const request_state *r, blade_token_event *ev)
 {
     ev->request_id = r->id;
+    ev->choice = r->choice;
     ev->user = r->user;
     ev->prompt_tokens = r->seq.n_prompt;
     ev->completion_tokens = r->n_generated;
     ev->cached_tokens = r->seq.kv.n_cached_tokens;
     ev->queue_seconds = r->t_scheduled > 0 ? r->t_scheduled - r->t_submit : 0;
     ev->ttft_seconds = r->t_first_token > 0 ? r->t_first_token - r->t_submit : 0;
+}
+
+/* Takes a finished choice out of the step loop; a pinned prompt's blocks are pinned while
+ * the sequence still holds them. */
+static void retire(blade_engine *e, request_state *r)
+{
+    if (r->pin_prefix && r->seq.n_computed >= r->seq.n_prompt)
+        blade_kv_pin_prefix(e->kv, r->tokens, r->seq.n_prompt, r->salt, r->salt ? strlen(r->salt) : 0);
+    if (r->seq.state != BLADE_SEQ_FINISHED)
+        blade_scheduler_remove(e->sched, &r->seq);
+    live_unlink(e, r);
 }
 
 /* Ends a request: one last event, its blocks back to the pool, its memory freed. */
@@ -418,9 +506,8 @@ static void finish(blade_engine *e, request_state *r, blade_finish_reason why, c
     ev.finish = why;
     ev.error = error;
     ev.text = "";
-    if (r->seq.state != BLADE_SEQ_FINISHED)
-        blade_scheduler_remove(e->sched, &r->seq);
-    live_unlink(e, r);
+    release_followers(e, r);
+    retire(e, r);
     r->callback(&ev);
     e->finished++;
     request_free(r);
@@ -441,20 +528,21 @@ static void take_incoming(blade_engine *e)
 
     while (in) {
         request_state *next = in->next_live;
-        in->prev_live = NULL;
-        in->next_live = e->live;
-        if (e->live)
-            e->live->prev_live = in;
-        e->live = in;
-        blade_scheduler_add(e->sched, &in->seq);
+        live_add(e, in);
         in = next;
     }
-    for (int32_t i = 0; i < take; i++)
-        for (request_state *r = e->live; r; r = r->next_live)
+    /* finishing a first choice starts its followers, so rescan until none is left */
+    for (int32_t i = 0; i < take; i++) {
+        request_state *r = e->live;
+        while (r) {
             if (r->id == aborts[i]) {
                 finish(e, r, BLADE_FINISH_ABORT, NULL);
-                break;
+                r = e->live;
+            } else {
+                r = r->next_live;
             }
+        }
+    }
 }
 
 /* Samples the next token of a sequence whose chunk reached its end, and emits it. */
@@ -468,6 +556,7 @@ static void emit_token(blade_engine *e, request_state *r, const float *logits)
     }
     if (r->t_first_token == 0)
         r->t_first_token = now();
+    release_followers(e, r);
     blade_sampler_accept(r->sampler, id, true);
     r->tokens[r->seq.n_tokens++] = id;
     r->n_generated++;
@@ -508,8 +597,7 @@ static void emit_token(blade_engine *e, request_state *r, const float *logits)
         r->callback(&ev);
         return;
     }
-    blade_scheduler_remove(e->sched, &r->seq);
-    live_unlink(e, r);
+    retire(e, r);
     r->callback(&ev);
     e->finished++;
     request_free(r);
@@ -593,6 +681,7 @@ static void publish_stats(blade_engine *e)
     s->kv_blocks_used = ks.blocks_used;
     s->kv_blocks_cached = ks.blocks_cached;
     s->kv_blocks_free = ks.blocks_free;
+    s->kv_blocks_pinned = ks.blocks_pinned;
     s->block_size = e->cfg.block_size;
     s->prefix_hit_tokens = ks.prefix_hit_tokens;
     s->prefix_query_tokens = ks.prefix_query_tokens;

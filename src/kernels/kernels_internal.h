@@ -67,6 +67,36 @@ typedef void (*blade_act_fn)(const float *x, void *out, int64_t n);
 blade_act_fn blade_act_avx2_converter(uint32_t type);
 blade_act_fn blade_act_avx512_converter(uint32_t type);
 
+/* Calls CALL(T) with T = nt as a compile-time constant (nt <= TMAX <= 8), so each tile
+ * shape is its own fully unrolled instance. */
+#define WITH_CONST_T(nt, TMAX, CALL)                                                                                   \
+    switch (nt) {                                                                                                      \
+    case 1:                                                                                                            \
+        CALL(1);                                                                                                       \
+        break;                                                                                                         \
+    case 2:                                                                                                            \
+        CALL(2 <= (TMAX) ? 2 : (TMAX));                                                                                \
+        break;                                                                                                         \
+    case 3:                                                                                                            \
+        CALL(3 <= (TMAX) ? 3 : (TMAX));                                                                                \
+        break;                                                                                                         \
+    case 4:                                                                                                            \
+        CALL(4 <= (TMAX) ? 4 : (TMAX));                                                                                \
+        break;                                                                                                         \
+    case 5:                                                                                                            \
+        CALL(5 <= (TMAX) ? 5 : (TMAX));                                                                                \
+        break;                                                                                                         \
+    case 6:                                                                                                            \
+        CALL(6 <= (TMAX) ? 6 : (TMAX));                                                                                \
+        break;                                                                                                         \
+    case 7:                                                                                                            \
+        CALL(7 <= (TMAX) ? 7 : (TMAX));                                                                                \
+        break;                                                                                                         \
+    default:                                                                                                           \
+        CALL(8 <= (TMAX) ? 8 : (TMAX));                                                                                \
+        break;                                                                                                         \
+    }
+
 /* One weight type's kernel on one ISA: the blade_matmul contract minus the type. */
 typedef void (*blade_matmul_fn)(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
                                 int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1);

@@ -18,7 +18,7 @@
 /* The one-token path takes one row at a time (a single sequential weight stream, as the
  * hardware prefetchers follow best); tiles are for many tokens. */
 #define TILE_R 2
-#define TILE_T 3
+#define TILE_T 4
 #define TOKEN_CHUNK 64
 
 TGT INLINE float hsum(__m256 v)
@@ -44,9 +44,10 @@ static void tile_rows(const void *W, size_t w_stride, int64_t r, int64_t r1, int
         rows[i] = (const uint8_t *)W + (r + i < r1 ? r + i : r1 - 1) * (int64_t)w_stride;
 }
 
+/* Scratch for decoded weights or shared token data; never zero-sized (n may be 0). */
 static void *pack_alloc(size_t bytes)
 {
-    void *p = aligned_alloc(32, (bytes + 31) & ~(size_t)31);
+    void *p = aligned_alloc(32, (bytes / 32 + 1) * 32);
     if (!p)
         abort();
     return p;
@@ -146,12 +147,9 @@ TGT INLINE void q32_matmul(bool q4, const void *W, size_t w_stride, const void *
                 int64_t nt = c1 - t < TILE_T ? c1 - t : TILE_T;
                 for (int j = 0; j < nt; j++)
                     xa[j] = act_q8_at((const uint8_t *)X + (t + j) * (int64_t)x_stride, n);
-                if (nt == 1)
-                    q32_tile(1, pk, nb, xa, out);
-                else if (nt == 2)
-                    q32_tile(2, pk, nb, xa, out);
-                else
-                    q32_tile(3, pk, nb, xa, out);
+#define Q32_TILE(T) q32_tile(T, pk, nb, xa, out)
+                WITH_CONST_T(nt, TILE_T, Q32_TILE)
+#undef Q32_TILE
                 store_tile(Y, ldy, r, nr, t, nt, out, TILE_T);
             }
         }
@@ -334,12 +332,9 @@ TGT INLINE void k_matmul(enum k_kind kind, const void *W, size_t w_stride, const
                 int64_t nt = c1 - t < TILE_T ? c1 - t : TILE_T;
                 for (int j = 0; j < nt; j++)
                     xa[j] = act_k_at((const uint8_t *)X + (t + j) * (int64_t)x_stride, n);
-                if (nt == 1)
-                    k_tile(kind, 1, pk, nsb, xa, out);
-                else if (nt == 2)
-                    k_tile(kind, 2, pk, nsb, xa, out);
-                else
-                    k_tile(kind, 3, pk, nsb, xa, out);
+#define K_TILE(T) k_tile(kind, T, pk, nsb, xa, out)
+                WITH_CONST_T(nt, TILE_T, K_TILE)
+#undef K_TILE
                 store_tile(Y, ldy, r, nr, t, nt, out, TILE_T);
             }
         }
@@ -455,14 +450,9 @@ TGT INLINE void f_matmul(enum f_kind kind, const void *W, size_t w_stride, const
                 int64_t nt = c1 - t < F_TILE_T ? c1 - t : F_TILE_T;
                 for (int j = 0; j < nt; j++)
                     xs[j] = (const uint8_t *)X + (t + j) * (int64_t)x_stride;
-                if (nt == 1)
-                    f_tile(kind, F_TILE_R, 1, rows, xs, n, out);
-                else if (nt == 2)
-                    f_tile(kind, F_TILE_R, 2, rows, xs, n, out);
-                else if (nt == 3)
-                    f_tile(kind, F_TILE_R, 3, rows, xs, n, out);
-                else
-                    f_tile(kind, F_TILE_R, 4, rows, xs, n, out);
+#define F_TILE(T) f_tile(kind, F_TILE_R, T, rows, xs, n, out)
+                WITH_CONST_T(nt, F_TILE_T, F_TILE)
+#undef F_TILE
                 store_tile(Y, ldy, r, nr, t, nt, out, F_TILE_T);
             }
         }
