@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SEQ_LEN 150
+#define SEQ_LEN 100
 #define BLOCK 16
 #define N_BLOCKS 256
 
@@ -133,7 +133,7 @@ static float *run_target(rig *g, int32_t chunk, int n_others, bool scramble)
     seq *others = calloc((size_t)(n_others ? n_others : 1), sizeof *others);
     for (int o = 0; o < n_others; o++) {
         int32_t toks[SEQ_LEN];
-        int32_t len = 1 + (int32_t)(rnd() % SEQ_LEN);
+        int32_t len = 1 + (int32_t)(rnd() % 60);
         for (int i = 0; i < len; i++)
             toks[i] = (int32_t)(rnd() % (uint32_t)g->n_vocab);
         seq_init(&others[o], len, toks, order + (o + 1) * per_seq, g->n_vocab);
@@ -168,42 +168,42 @@ static void assert_same_bits(const float *a, const float *b, int32_t n_vocab, co
             fail_msg("%s: logits at position %d differ from the lone whole-prefill run", what, p);
 }
 
+/* The full matrix runs on the ISA the machine would use; every other supported ISA gets
+ * one mixed run (chunks of 7 among 5 other sequences) against its own lone reference, since
+ * bits are only promised within one ISA. */
 static void check_invariance(uint32_t type, blade_arch arch, blade_kv_type kv_type)
 {
     char *path = model_path(type, arch);
     for (int i = 0; i < SEQ_LEN; i++)
         target_tokens[i] = (int32_t)(3 + (i * 7919) % 300);
+    blade_isa best = blade_isa_active();
     for (int isa = 0; isa < BLADE_ISA_COUNT; isa++) {
         if (!blade_isa_supported((blade_isa)isa))
             continue;
         blade_isa_set((blade_isa)isa);
+        bool full = (blade_isa)isa == best;
+        const char *tname = blade_type_traits_get(type)->name, *iname = blade_isa_name((blade_isa)isa);
+        char what[96];
         rig g1 = rig_new(path, 1, kv_type);
         float *ref = run_target(&g1, SEQ_LEN, 0, false);
         static const int32_t chunks[] = {1, 7, 64};
-        for (size_t c = 0; c < 3; c++) {
+        for (size_t c = 0; full && c < 3; c++) {
             float *got = run_target(&g1, chunks[c], 0, true);
-            char what[96];
-            snprintf(what, sizeof what, "%s %s: chunks of %d", blade_type_traits_get(type)->name,
-                     blade_isa_name((blade_isa)isa), chunks[c]);
+            snprintf(what, sizeof what, "%s %s: chunks of %d", tname, iname, chunks[c]);
             assert_same_bits(ref, got, g1.n_vocab, what);
             free(got);
         }
         static const int n_others[] = {2, 5, 16};
-        for (size_t o = 0; o < 3; o++) {
-            int others = n_others[o];
-            float *got = run_target(&g1, 7, others, true);
-            char what[96];
-            snprintf(what, sizeof what, "%s %s: with %d other sequences", blade_type_traits_get(type)->name,
-                     blade_isa_name((blade_isa)isa), others);
+        for (size_t o = full ? 0 : 1; o < (full ? 3u : 2u); o++) {
+            float *got = run_target(&g1, 7, n_others[o], true);
+            snprintf(what, sizeof what, "%s %s: with %d other sequences", tname, iname, n_others[o]);
             assert_same_bits(ref, got, g1.n_vocab, what);
             free(got);
         }
-        for (int threads = 2; threads <= 3; threads++) {
+        for (int threads = 2; full && threads <= 3; threads++) {
             rig gt = rig_new(path, threads, kv_type);
             float *got = run_target(&gt, 64, 4, true);
-            char what[96];
-            snprintf(what, sizeof what, "%s %s: %d threads", blade_type_traits_get(type)->name,
-                     blade_isa_name((blade_isa)isa), threads);
+            snprintf(what, sizeof what, "%s %s: %d threads", tname, iname, threads);
             assert_same_bits(ref, got, gt.n_vocab, what);
             free(got);
             rig_free(&gt);
@@ -211,16 +211,8 @@ static void check_invariance(uint32_t type, blade_arch arch, blade_kv_type kv_ty
         free(ref);
         rig_free(&g1);
     }
+    blade_isa_set(best);
     free(path);
-}
-
-static void restore_best_isa(void)
-{
-    for (int isa = BLADE_ISA_COUNT - 1; isa >= 0; isa--)
-        if (blade_isa_supported((blade_isa)isa)) {
-            blade_isa_set((blade_isa)isa);
-            return;
-        }
 }
 
 #define INVARIANCE_TEST(name, type, arch, kv)                                                                          \
@@ -228,7 +220,6 @@ static void restore_best_isa(void)
     {                                                                                                                  \
         (void)state;                                                                                                   \
         check_invariance(type, arch, kv);                                                                              \
-        restore_best_isa();                                                                                            \
     }
 
 INVARIANCE_TEST(test_invariance_q4_0, BLADE_TYPE_Q4_0, BLADE_ARCH_LLAMA, BLADE_KV_F16)

@@ -15,7 +15,8 @@
 static void bench_usage(FILE *out)
 {
     fprintf(out,
-            "usage: blade bench -m MODEL [-p 512] [-n 128] [-b 1,4,8,16] [-r 5] [-t N] [--json]\n\n"
+            "usage: blade bench -m MODEL [-p 512] [-n 128] [-b 1,4,8,16] [-r 5] [-t N] [--json]\n"
+            "       blade bench engine -m MODEL --workload W   (see blade bench engine --help)\n\n"
             "Measures the model runner on this machine:\n"
             "  ppP    prompt processing: one P-token prefill in a single batch, tokens/s\n"
             "  tgN    single-sequence generation of N tokens from an empty context, tokens/s, and the\n"
@@ -163,6 +164,8 @@ static int parse_batches(const char *s, int32_t *out, int *n)
 
 int cmd_bench(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "engine"))
+        return cmd_bench_engine(argc - 1, argv + 1);
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},       {"n-prompt", required_argument, 0, 'p'},
         {"n-gen", required_argument, 0, 'n'},       {"batches", required_argument, 0, 'b'},

@@ -11,5 +11,9 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_bench_engine(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_batch(int argc, char **argv);
+int cmd_template(int argc, char **argv);
 
 #endif

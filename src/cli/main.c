@@ -17,6 +17,9 @@ static const command commands[] = {
     {"tokenize", cmd_tokenize, "show how a model's tokenizer splits text"},
     {"synth", cmd_synth, "write a random-weight GGUF of a real model's shape"},
     {"bench", cmd_bench, "measure prompt processing, generation and batched decode speed"},
+    {"serve", cmd_serve, "serve the OpenAI API over HTTP (completions, chat, streaming, metrics)"},
+    {"batch", cmd_batch, "run an OpenAI Batch API JSONL file through the engine"},
+    {"template", cmd_template, "render a chat template for a conversation"},
 };
 
 static void usage(FILE *out)

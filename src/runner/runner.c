@@ -35,7 +35,8 @@ struct blade_runner {
     float *attn;   /* [T][q_dim] */
     float *ffn;    /* [T][n_ff] SwiGLU output */
     float *up;     /* [T][n_ff] */
-    float *logits; /* [T][n_vocab] only rows that want logits are used */
+    float *logits; /* [cap_logits][n_vocab]: the rows that want logits, grown on demand */
+    int32_t cap_logits;
     token_ref *refs;
     int32_t *logit_tokens; /* batch token index of every wanted logit row */
     int32_t *work;         /* (seq, kv head) attention work items */
@@ -115,7 +116,6 @@ blade_runner *blade_runner_new(const blade_model *m, blade_kv_store *kv, blade_t
     r->attn = alloc_array(T * r->q_dim, sizeof(float), &ok);
     r->ffn = alloc_array(T * hp->n_ff, sizeof(float), &ok);
     r->up = alloc_array(T * hp->n_ff, sizeof(float), &ok);
-    r->logits = alloc_array(T * hp->n_vocab, sizeof(float), &ok);
     r->refs = alloc_array(T, sizeof *r->refs, &ok);
     r->logit_tokens = alloc_array(T, sizeof *r->logit_tokens, &ok);
     r->work = alloc_array(T * hp->n_head_kv, sizeof *r->work, &ok);
@@ -520,6 +520,13 @@ int blade_runner_forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n
 
     if (s.n_logit_rows == 0)
         return 0;
+    if (s.n_logit_rows > r->cap_logits) {
+        float *grown = realloc(r->logits, (size_t)s.n_logit_rows * hp->n_vocab * sizeof(float));
+        if (!grown)
+            return blade_error_set(err, "out of memory for %d rows of logits", s.n_logit_rows);
+        r->logits = grown;
+        r->cap_logits = s.n_logit_rows;
+    }
     run_norm_convert(&s, r->x, hp->n_embd, &m->output_norm, &m->output, s.n_logit_rows, r->logit_tokens);
     run_matmul(&s, 1, &m->output, r->logits, NULL, NULL, NULL, NULL);
     lr = 0;

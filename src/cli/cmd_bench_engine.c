@@ -1,0 +1,426 @@
+#include "blade/engine.h"
+#include "blade/model.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "cli/engine_options.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* `blade bench engine`: the engine's techniques measured in-process, each against its
+ * baseline mode in the same run, on seeded synthetic workloads. Outputs end where the
+ * workload says (the client stops reading, as a stop condition would), so lengths are
+ * exact whatever the model. */
+
+typedef struct req {
+    int32_t *prompt;
+    int32_t n_prompt;
+    int32_t out_len;   /* tokens the client wants */
+    int32_t after_req; /* arrives once that request (-1: none) ... */
+    int32_t after_tokens; /* ... has received this many tokens (or finished) */
+    /* measured */
+    double t_submit, t_first, t_last, t_done;
+    double max_gap;
+    int32_t n_out;
+    uint64_t id;
+    bool done;
+    blade_engine *engine;
+} req;
+
+typedef struct workload {
+    req *reqs;
+    int n;
+    int32_t max_tokens; /* the cap every request carries, as a client would set it */
+} workload;
+
+static uint64_t rng_state;
+static uint32_t rnd(void)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng_state >> 33);
+}
+static double unif(void)
+{
+    return (rnd() + 0.5) / 2147483648.0;
+}
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static double t_start;
+
+static void on_event(const blade_token_event *ev)
+{
+    req *r = ev->user;
+    double t = cli_now() - t_start;
+    pthread_mutex_lock(&mu);
+    if (ev->token >= 0 && r->n_out < r->out_len) {
+        if (r->n_out == 0)
+            r->t_first = t;
+        else if (t - r->t_last > r->max_gap)
+            r->max_gap = t - r->t_last;
+        r->t_last = t;
+        if (++r->n_out == r->out_len && ev->finish == BLADE_FINISH_NONE)
+            blade_engine_abort(r->engine, ev->request_id);
+    }
+    if (ev->finish != BLADE_FINISH_NONE) {
+        r->done = true;
+        r->t_done = t;
+        pthread_cond_broadcast(&cv);
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+static int32_t random_token(const blade_model *m)
+{
+    /* skip the first few hundred ids: control and byte tokens in most vocabularies */
+    int32_t lo = m->hp.n_vocab > 1000 ? 300 : 3;
+    return lo + (int32_t)(rnd() % (uint32_t)(m->hp.n_vocab - lo));
+}
+
+static bool released(const workload *w, int i)
+{
+    const req *r = &w->reqs[i];
+    if (r->after_req < 0)
+        return true;
+    pthread_mutex_lock(&mu);
+    const req *dep = &w->reqs[r->after_req];
+    bool ok = dep->done || dep->n_out >= r->after_tokens;
+    pthread_mutex_unlock(&mu);
+    return ok;
+}
+
+typedef struct run_result {
+    double seconds;
+    uint64_t tokens;
+    double mean_ttft, max_gap, throughput;
+    blade_engine_stats stats;
+} run_result;
+
+static int run(const blade_model *m, const cli_engine_options *base, const workload *w, run_result *out)
+{
+    blade_error err = {{0}};
+    blade_engine *e = blade_engine_new(m, &base->cfg, &err);
+    if (!e) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        return -1;
+    }
+    for (int i = 0; i < w->n; i++) {
+        req *r = &w->reqs[i];
+        r->engine = e;
+        r->n_out = 0;
+        r->done = false;
+        r->max_gap = 0;
+        r->t_first = r->t_last = 0;
+    }
+    bool tty = isatty(STDERR_FILENO);
+    t_start = cli_now();
+    int next = 0, finished = 0;
+    while (finished < w->n) {
+        while (next < w->n && released(w, next)) {
+            req *r = &w->reqs[next++];
+            blade_request q;
+            blade_request_default(&q);
+            q.prompt_tokens = r->prompt;
+            q.n_prompt_tokens = r->n_prompt;
+            q.max_tokens = w->max_tokens;
+            q.ignore_eos = true;
+            q.sampling.temperature = 0;
+            q.callback = on_event;
+            q.user = r;
+            r->t_submit = cli_now() - t_start;
+            if (!(r->id = blade_engine_submit(e, &q, &err))) {
+                fprintf(stderr, "error: %s\n", err.msg);
+                blade_engine_free(e, false);
+                return -1;
+            }
+        }
+        pthread_mutex_lock(&mu);
+        finished = 0;
+        for (int i = 0; i < w->n; i++)
+            finished += w->reqs[i].done;
+        if (finished < w->n) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 20 * 1000 * 1000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&cv, &mu, &ts);
+        }
+        pthread_mutex_unlock(&mu);
+        if (tty)
+            fprintf(stderr, "\r  %d/%d requests done, %.1f s ", finished, w->n, cli_now() - t_start);
+    }
+    if (tty)
+        fprintf(stderr, "\r%50s\r", "");
+    double end = 0, ttft = 0, gap = 0;
+    uint64_t tokens = 0;
+    for (int i = 0; i < w->n; i++) {
+        req *r = &w->reqs[i];
+        end = r->t_done > end ? r->t_done : end;
+        ttft += r->t_first - r->t_submit;
+        gap = r->max_gap > gap ? r->max_gap : gap;
+        tokens += (uint64_t)r->n_out;
+    }
+    blade_engine_stats_get(e, &out->stats);
+    blade_engine_free(e, false);
+    out->seconds = end;
+    out->tokens = tokens;
+    out->throughput = (double)tokens / end;
+    out->mean_ttft = ttft / w->n;
+    out->max_gap = gap;
+    return 0;
+}
+
+static void free_workload(workload *w)
+{
+    for (int i = 0; i < w->n; i++)
+        free(w->reqs[i].prompt);
+    free(w->reqs);
+}
+
+static req *add_req(workload *w, int32_t n_prompt)
+{
+    req *r = &w->reqs[w->n++];
+    memset(r, 0, sizeof *r);
+    r->n_prompt = n_prompt;
+    r->after_req = -1;
+    r->prompt = malloc((size_t)n_prompt * sizeof *r->prompt);
+    return r;
+}
+
+/* 32 requests at once, prompts of 32..256 tokens, wanted outputs log-uniform in 16..512
+ * (many short answers, a few long ones), every request capped at max_tokens 512. */
+static void mixed_workload(const blade_model *m, workload *w)
+{
+    w->reqs = calloc(32, sizeof *w->reqs);
+    w->max_tokens = 512;
+    for (int i = 0; i < 32; i++) {
+        req *r = add_req(w, 32 + (int32_t)(rnd() % 225));
+        for (int32_t t = 0; t < r->n_prompt; t++)
+            r->prompt[t] = random_token(m);
+        r->out_len = (int32_t)lround(16.0 * pow(32.0, unif()));
+    }
+}
+
+/* One request carries the shared prefix first (as a system prompt would be warmed), then
+ * 16 requests arrive together: the 1024-token shared prefix plus 32 tokens of their own. */
+static void shared_prefix_workload(const blade_model *m, workload *w, int32_t prefix)
+{
+    w->reqs = calloc(17, sizeof *w->reqs);
+    w->max_tokens = 16;
+    int32_t *shared = malloc((size_t)prefix * sizeof *shared);
+    for (int32_t t = 0; t < prefix; t++)
+        shared[t] = random_token(m);
+    for (int i = 0; i < 17; i++) {
+        req *r = add_req(w, prefix + 32);
+        memcpy(r->prompt, shared, (size_t)prefix * sizeof *shared);
+        for (int32_t t = prefix; t < r->n_prompt; t++)
+            r->prompt[t] = random_token(m);
+        r->out_len = 16;
+        if (i > 0) {
+            r->after_req = 0; /* the warm-up request has finished */
+            r->after_tokens = 1 << 30;
+        }
+    }
+    free(shared);
+}
+
+/* Eight sequences decoding 192 tokens each; once they are under way a long prompt arrives. */
+static void interference_workload(const blade_model *m, workload *w, int32_t long_prompt)
+{
+    w->reqs = calloc(9, sizeof *w->reqs);
+    w->max_tokens = 192;
+    for (int i = 0; i < 9; i++) {
+        req *r = add_req(w, i < 8 ? 16 : long_prompt);
+        for (int32_t t = 0; t < r->n_prompt; t++)
+            r->prompt[t] = random_token(m);
+        r->out_len = i < 8 ? 192 : 1;
+        if (i == 8) {
+            r->after_req = 0; /* the decoders are a quarter of the way through */
+            r->after_tokens = 48;
+        }
+    }
+}
+
+static void print_row(const char *name, const run_result *r, const char *extra)
+{
+    printf("| %-34s | %8.1f | %9.2f | %10.3f | %10.3f | %s\n", name, r->seconds, r->throughput, r->mean_ttft,
+           r->max_gap, extra);
+}
+
+static void print_header(void)
+{
+    printf("| %-34s | %8s | %9s | %10s | %10s | notes\n", "configuration", "time s", "tokens/s", "mean TTFT s",
+           "max gap s");
+    printf("| %-34s | %8s | %9s | %10s | %10s | -----\n", "----------------------------------", "--------",
+           "---------", "----------", "----------");
+}
+
+static void bench_engine_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: blade bench engine -m MODEL --workload W [options]\n\n"
+            "Runs a seeded workload through the engine in-process, once with every technique on and once\n"
+            "with each technique's baseline mode, in the same run, and prints the ratios:\n"
+            "  mixed          32 requests, outputs 16..512 tokens (log-uniform), 32..256-token prompts:\n"
+            "                 continuous vs --scheduler static throughput; KV utilisation paged vs\n"
+            "                 --kv-alloc contiguous, and requests that fit in 1 GiB each way\n"
+            "  shared-prefix  16 requests sharing a 1024-token prefix + 32 own tokens, after one warm-up\n"
+            "                 request: mean TTFT with vs --no-prefix-cache\n"
+            "  interference   8 sequences decoding when a 2048-token prompt arrives: longest gap between\n"
+            "                 the decoders' tokens, chunked vs --no-chunked-prefill\n\n"
+            "  -m, --model FILE    GGUF model\n"
+            "  -w, --workload W    mixed, shared-prefix or interference\n"
+            "      --seed N        workload seed (default 1)\n"
+            "  -h, --help          this help\n\n");
+    cli_engine_usage(out);
+}
+
+int cmd_bench_engine(int argc, char **argv)
+{
+    static const struct option own[] = {
+        {"model", required_argument, 0, 'm'},
+        {"workload", required_argument, 0, 'w'},
+        {"seed", required_argument, 0, 'S'},
+        {"help", no_argument, 0, 'h'},
+    };
+    struct option *longopts = cli_merge_longopts(own, sizeof own / sizeof own[0]);
+    cli_engine_options o;
+    cli_engine_options_init(&o);
+    const char *model_path = NULL, *wl = NULL;
+    long long seed = 1;
+    int c, rc = 2;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:w:t:c:h", longopts, NULL)) != -1) {
+        int handled = cli_engine_option(&o, c == 't' ? OPT_THREADS : c == 'c' ? OPT_CTX_SIZE : c, optarg);
+        if (handled < 0)
+            goto out;
+        if (handled)
+            continue;
+        switch (c) {
+        case 'm': model_path = optarg; break;
+        case 'w': wl = optarg; break;
+        case 'S':
+            if (!cli_parse_int("--seed", optarg, 0, INT64_MAX, &seed))
+                goto out;
+            break;
+        case 'h': bench_engine_usage(stdout); rc = 0; goto out;
+        default: bench_engine_usage(stderr); goto out;
+        }
+    }
+    if (!model_path || !wl || optind != argc) {
+        bench_engine_usage(stderr);
+        goto out;
+    }
+    blade_error err = {{0}};
+    blade_model *m = blade_model_load(model_path, &err);
+    if (!m) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        rc = 1;
+        goto out;
+    }
+    cli_engine_finalize(&o, m);
+    rng_state = (uint64_t)seed * 2654435761u + 1;
+    rc = 1;
+    workload w = {0};
+    run_result a, b, c2;
+    double kv_bytes_token = (double)blade_kv_bytes_per_token(&m->hp, blade_kv_type_size(o.cfg.kv_type));
+    printf("model: %s, threads: %d, KV %.2f GiB, step budget %d tokens, %d sequences\n\n", model_path,
+           o.cfg.n_threads, (double)o.cfg.kv_mem_bytes / 1073741824.0, o.cfg.sched.max_batch_tokens,
+           o.cfg.sched.max_seqs);
+    if (!strcmp(wl, "mixed")) {
+        mixed_workload(m, &w);
+        cli_engine_options st = o, ct = o;
+        st.cfg.sched.mode = BLADE_SCHED_STATIC;
+        ct.cfg.sched.contiguous_kv = true;
+        fprintf(stderr, "continuous batching, paged KV...\n");
+        if (run(m, &o, &w, &a))
+            goto done;
+        fprintf(stderr, "static batching...\n");
+        if (run(m, &st, &w, &b))
+            goto done;
+        fprintf(stderr, "contiguous KV reservation...\n");
+        if (run(m, &ct, &w, &c2))
+            goto done;
+        print_header();
+        char note[160];
+        snprintf(note, sizeof note, "KV utilisation %.1f%%", 100 * a.stats.kv_utilisation);
+        print_row("continuous, paged (default)", &a, note);
+        snprintf(note, sizeof note, "throughput ratio continuous/static = %.2fx", a.throughput / b.throughput);
+        print_row("--scheduler static", &b, note);
+        snprintf(note, sizeof note, "KV utilisation %.1f%%", 100 * c2.stats.kv_utilisation);
+        print_row("--kv-alloc contiguous", &c2, note);
+        /* requests of this mix that fit in 1 GiB: what each allocator holds per request */
+        double paged_tokens = 0, contiguous_tokens = 0;
+        int32_t bs = o.cfg.block_size;
+        for (int i = 0; i < w.n; i++) {
+            int32_t len = w.reqs[i].n_prompt + w.reqs[i].out_len;
+            paged_tokens += (double)((len + bs - 1) / bs * bs);
+            contiguous_tokens += (double)(w.reqs[i].n_prompt + w.max_tokens);
+        }
+        double gib = 1073741824.0;
+        printf("\nrequests of this mix that fit in 1 GiB of KV: paged %.0f, contiguous %.0f (%.2fx)\n",
+               gib / (kv_bytes_token * paged_tokens / w.n), gib / (kv_bytes_token * contiguous_tokens / w.n),
+               contiguous_tokens / paged_tokens);
+    } else if (!strcmp(wl, "shared-prefix")) {
+        shared_prefix_workload(m, &w, 1024);
+        cli_engine_options nc = o;
+        nc.cfg.prefix_caching = false;
+        const cli_engine_options *cfgs[2] = {&o, &nc};
+        run_result *res[2] = {&a, &b};
+        for (int k = 0; k < 2; k++) {
+            fprintf(stderr, "%s...\n", k ? "--no-prefix-cache" : "prefix caching on");
+            if (run(m, cfgs[k], &w, res[k]))
+                goto done;
+            double ttft = 0;
+            for (int i = 1; i < w.n; i++)
+                ttft += w.reqs[i].t_first - w.reqs[i].t_submit;
+            res[k]->mean_ttft = ttft / (w.n - 1);
+        }
+        print_header();
+        char note[160];
+        snprintf(note, sizeof note, "prefix hit rate %.1f%%", 100 * a.stats.prefix_hit_rate);
+        print_row("prefix caching (default)", &a, note);
+        snprintf(note, sizeof note, "mean TTFT ratio = %.1fx", b.mean_ttft / a.mean_ttft);
+        print_row("--no-prefix-cache", &b, note);
+    } else if (!strcmp(wl, "interference")) {
+        int32_t long_prompt = o.cfg.max_context - 1 < 2048 ? o.cfg.max_context - 1 : 2048;
+        interference_workload(m, &w, long_prompt);
+        cli_engine_options nc = o;
+        nc.cfg.sched.chunked_prefill = false;
+        const cli_engine_options *cfgs[2] = {&o, &nc};
+        run_result *res[2] = {&a, &b};
+        for (int k = 0; k < 2; k++) {
+            fprintf(stderr, "%s...\n", k ? "--no-chunked-prefill" : "chunked prefill on");
+            if (run(m, cfgs[k], &w, res[k]))
+                goto done;
+            double gap = 0;
+            for (int i = 0; i < 8; i++)
+                gap = w.reqs[i].max_gap > gap ? w.reqs[i].max_gap : gap;
+            res[k]->max_gap = gap;
+        }
+        print_header();
+        char note[160];
+        snprintf(note, sizeof note, "%d-token prompt into 8 decoders", long_prompt);
+        print_row("chunked prefill (default)", &a, note);
+        snprintf(note, sizeof note, "longest-gap ratio = %.1fx", b.max_gap / a.max_gap);
+        print_row("--no-chunked-prefill", &b, note);
+    } else {
+        fprintf(stderr, "error: unknown workload '%s' (mixed, shared-prefix, interference)\n", wl);
+        rc = 2;
+        goto done;
+    }
+    rc = 0;
+done:
+    free_workload(&w);
+    blade_model_free(m);
+out:
+    free(longopts);
+    return rc;
+}
