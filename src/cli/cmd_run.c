@@ -1,11 +1,13 @@
-#include "blade/forward.h"
+#include "blade/engine.h"
 #include "blade/model.h"
 #include "blade/sampler.h"
 #include "blade/tokenizer.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/engine_options.h"
 
 #include <getopt.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +22,6 @@ static void run_usage(FILE *out)
             "  -p, --prompt TEXT        prompt text\n"
             "  -f, --file FILE          read the prompt from FILE\n"
             "  -n, --n-predict N        tokens to generate (default 128)\n"
-            "  -c, --ctx-size N         context length (default: the model's, at most 4096)\n"
             "      --temp T             temperature; 0 = greedy (default 0.8)\n"
             "      --top-k K            keep the K most likely tokens; 0 = off (default 40)\n"
             "      --top-p P            nucleus sampling; 1 = off (default 0.95)\n"
@@ -33,7 +34,8 @@ static void run_usage(FILE *out)
             "      --ignore-eos         keep generating past end-of-generation tokens\n"
             "      --parse-special      treat special-token text in the prompt (e.g. <|im_start|>) as tokens\n"
             "      --no-bos             do not start the prompt with BOS\n"
-            "  -h, --help               this help\n");
+            "  -h, --help               this help\n\n");
+    cli_engine_usage(out);
 }
 
 enum {
@@ -56,21 +58,22 @@ typedef struct run_options {
     const char *prompt;
     const char *prompt_file;
     long long n_predict;
-    long long n_ctx;
+    cli_engine_options engine;
     bool ignore_eos;
     bool parse_special;
     bool no_bos;
     blade_sampling_params sampling;
 } run_options;
 
+static int parse_with(int argc, char **argv, run_options *o, const struct option *longopts);
+
 static int parse_run_options(int argc, char **argv, run_options *o)
 {
-    static const struct option longopts[] = {
+    static const struct option own[] = {
         {"model", required_argument, 0, 'm'},
         {"prompt", required_argument, 0, 'p'},
         {"file", required_argument, 0, 'f'},
         {"n-predict", required_argument, 0, 'n'},
-        {"ctx-size", required_argument, 0, 'c'},
         {"temp", required_argument, 0, OPT_TEMP},
         {"top-k", required_argument, 0, OPT_TOP_K},
         {"top-p", required_argument, 0, OPT_TOP_P},
@@ -84,8 +87,16 @@ static int parse_run_options(int argc, char **argv, run_options *o)
         {"parse-special", no_argument, 0, OPT_PARSE_SPECIAL},
         {"no-bos", no_argument, 0, OPT_NO_BOS},
         {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
     };
+    struct option *longopts = cli_merge_longopts(own, sizeof own / sizeof own[0]);
+    int rc = parse_with(argc, argv, o, longopts);
+    free(longopts);
+    return rc;
+}
+
+static int parse_with(int argc, char **argv, run_options *o, const struct option *longopts)
+{
+    cli_engine_options_init(&o->engine);
     blade_sampling_params_default(&o->sampling);
     o->model = cli_default_model();
     o->n_predict = 128;
@@ -94,17 +105,18 @@ static int parse_run_options(int argc, char **argv, run_options *o)
     long long n;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:p:f:n:c:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:p:f:n:c:t:h", longopts, NULL)) != -1) {
+        int handled = cli_engine_option(&o->engine, c == 't' ? OPT_THREADS : c == 'c' ? OPT_CTX_SIZE : c, optarg);
+        if (handled < 0)
+            return 2;
+        if (handled)
+            continue;
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'p': o->prompt = optarg; break;
         case 'f': o->prompt_file = optarg; break;
         case 'n':
             if (!cli_parse_int("-n", optarg, 0, 1 << 24, &o->n_predict))
-                return 2;
-            break;
-        case 'c':
-            if (!cli_parse_int("-c", optarg, 1, 1 << 24, &o->n_ctx))
                 return 2;
             break;
         case OPT_TEMP:
@@ -174,14 +186,39 @@ static int parse_run_options(int argc, char **argv, run_options *o)
     return -1;
 }
 
-/* Writes a token's text as soon as it forms whole UTF-8 characters. */
-static void emit(blade_detokenizer *d, int32_t id, char *buf, size_t cap)
+/* Streams each released piece of text the moment the engine hands it over. */
+typedef struct run_state {
+    pthread_mutex_t mu;
+    pthread_cond_t done_cv;
+    bool done;
+    blade_token_event last;
+    char error[512];
+    double t_first, t_last;
+    int32_t n_tokens;
+} run_state;
+
+static void on_token(const blade_token_event *ev)
 {
-    size_t n = blade_detokenizer_push(d, id, buf, cap);
-    if (n) {
-        fwrite(buf, 1, n, stdout);
+    run_state *s = ev->user;
+    if (ev->text_len) {
+        fwrite(ev->text, 1, ev->text_len, stdout);
         fflush(stdout);
     }
+    pthread_mutex_lock(&s->mu);
+    if (ev->token >= 0) {
+        double t = cli_now();
+        if (s->n_tokens++ == 0)
+            s->t_first = t;
+        s->t_last = t;
+    }
+    if (ev->finish != BLADE_FINISH_NONE) {
+        s->last = *ev;
+        if (ev->error)
+            snprintf(s->error, sizeof s->error, "%s", ev->error);
+        s->done = true;
+        pthread_cond_signal(&s->done_cv);
+    }
+    pthread_mutex_unlock(&s->mu);
 }
 
 int cmd_run(int argc, char **argv)
@@ -204,93 +241,66 @@ int cmd_run(int argc, char **argv)
 
     double t_load = cli_now();
     blade_error err = {{0}};
-    blade_model *m = blade_model_load(o.model, &err);
-    if (!m) {
-        fprintf(stderr, "error: %s\n", err.msg);
-        free(file_prompt);
-        return 1;
-    }
-    int32_t n_ctx = (int32_t)(o.n_ctx ? o.n_ctx : (m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096));
-    blade_forward *fw = blade_forward_new(m, n_ctx, &err);
-    t_load = cli_now() - t_load;
-
-    int32_t *tokens = NULL;
-    size_t n_prompt = 0;
-    blade_sampler *sampler = NULL;
-    char *text = NULL;
+    blade_engine *e = NULL;
     rc = 1;
-    if (!fw)
+    blade_model *m = blade_model_load(o.model, &err);
+    if (!m)
         goto done;
-    bool add_bos = !o.no_bos && blade_tokenizer_wants_bos(m->tokenizer);
-    if (blade_tokenizer_encode(m->tokenizer, prompt, prompt_len, add_bos, o.parse_special, &tokens, &n_prompt,
-                               &err))
-        goto done;
-    if (n_prompt == 0) {
-        blade_error_set(&err, "the prompt is empty after tokenization");
-        goto done;
-    }
-    if (n_prompt + (size_t)o.n_predict > (size_t)n_ctx) {
-        blade_error_set(&err, "prompt (%zu tokens) + %lld to generate exceed the context of %d tokens", n_prompt,
-                        o.n_predict, n_ctx);
+    cli_engine_finalize(&o.engine, m);
+    if (o.n_predict == 0) {
+        rc = 0;
         goto done;
     }
     if (blade_sampling_params_validate(&o.sampling, &err))
         goto done;
-    sampler = blade_sampler_new(&o.sampling, m->hp.n_vocab);
-    size_t cap = blade_tokenizer_max_token_bytes(m->tokenizer) + 16;
-    text = malloc(cap);
-    if (!sampler || !text) {
-        blade_error_set(&err, "out of memory");
+    /* one sequence: a small KV pool covering the context is all it needs */
+    size_t block_bytes = blade_kv_block_bytes(&m->hp, o.engine.cfg.kv_type, o.engine.cfg.block_size);
+    size_t need = ((size_t)o.engine.cfg.max_context / (size_t)o.engine.cfg.block_size + 2) * block_bytes;
+    if (o.engine.cfg.kv_mem_bytes > need)
+        o.engine.cfg.kv_mem_bytes = need;
+    e = blade_engine_new(m, &o.engine.cfg, &err);
+    if (!e)
         goto done;
-    }
+    t_load = cli_now() - t_load;
 
-    blade_detokenizer detok;
-    blade_detokenizer_init(&detok, m->tokenizer, false);
-    double t_prompt = cli_now();
-    for (size_t i = 0; i < n_prompt; i++) {
-        if (blade_forward_token(fw, tokens[i], (int32_t)i, i + 1 == n_prompt, &err))
-            goto done;
-        blade_sampler_accept(sampler, tokens[i], false);
-        emit(&detok, tokens[i], text, cap);
-    }
-    t_prompt = cli_now() - t_prompt;
-
-    double t_gen = cli_now();
-    long long n_gen = 0;
-    int32_t pos = (int32_t)n_prompt;
-    while (n_gen < o.n_predict) {
-        int32_t next = blade_sampler_sample(sampler, blade_forward_logits(fw));
-        if (next < 0) {
-            blade_error_set(&err, "the model produced no usable logits (all NaN or -inf) at position %d", pos);
-            goto done;
-        }
-        n_gen++;
-        if (!o.ignore_eos && blade_tokenizer_is_eog(m->tokenizer, next))
-            break;
-        blade_sampler_accept(sampler, next, true);
-        emit(&detok, next, text, cap);
-        if (n_gen == o.n_predict)
-            break;
-        if (blade_forward_token(fw, next, pos++, true, &err))
-            goto done;
-    }
-    size_t tail = blade_detokenizer_flush(&detok, text, cap);
-    fwrite(text, 1, tail, stdout);
+    run_state st = {.mu = PTHREAD_MUTEX_INITIALIZER, .done_cv = PTHREAD_COND_INITIALIZER};
+    blade_request q;
+    blade_request_default(&q);
+    q.prompt_text = prompt;
+    q.prompt_text_len = prompt_len;
+    q.add_bos = !o.no_bos;
+    q.parse_special = o.parse_special;
+    q.sampling = o.sampling;
+    q.max_tokens = (int32_t)o.n_predict;
+    q.ignore_eos = o.ignore_eos;
+    q.callback = on_token;
+    q.user = &st;
+    fwrite(prompt, 1, prompt_len, stdout);
+    fflush(stdout);
+    if (!blade_engine_submit(e, &q, &err))
+        goto done;
+    pthread_mutex_lock(&st.mu);
+    while (!st.done)
+        pthread_cond_wait(&st.done_cv, &st.mu);
+    pthread_mutex_unlock(&st.mu);
     fputc('\n', stdout);
     fflush(stdout);
-    t_gen = cli_now() - t_gen;
-
-    fprintf(stderr, "\nload: %.1f ms | prompt: %zu tokens, %.1f tokens/s | generation: %lld tokens, %.1f tokens/s\n",
-            t_load * 1e3, n_prompt, n_prompt / (t_prompt > 0 ? t_prompt : 1e-9), n_gen,
-            n_gen / (t_gen > 0 ? t_gen : 1e-9));
+    if (st.last.finish == BLADE_FINISH_ERROR) {
+        blade_error_set(&err, "%s", st.error);
+        goto done;
+    }
+    double prefill = st.last.ttft_seconds - st.last.queue_seconds;
+    double gen = st.t_last - st.t_first;
+    fprintf(stderr,
+            "\nload: %.1f ms | prompt: %d tokens, %.1f tokens/s | generation: %d tokens, %.1f tokens/s | seed %llu\n",
+            t_load * 1e3, st.last.prompt_tokens, st.last.prompt_tokens / (prefill > 0 ? prefill : 1e-9),
+            st.last.completion_tokens, st.n_tokens > 1 ? (st.n_tokens - 1) / (gen > 0 ? gen : 1e-9) : 0.0,
+            (unsigned long long)o.sampling.seed);
     rc = 0;
 done:
     if (rc)
         fprintf(stderr, "error: %s\n", err.msg);
-    free(text);
-    blade_sampler_free(sampler);
-    free(tokens);
-    blade_forward_free(fw);
+    blade_engine_free(e, false);
     blade_model_free(m);
     free(file_prompt);
     return rc;
