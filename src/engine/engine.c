@@ -327,12 +327,11 @@ static request_state *new_choice(blade_engine *e, const blade_request *q, int32_
     /* The prompt's text is not emitted, but it primes the detokenizer so the first
      * generated piece keeps its leading space. */
     r->detok.at_start = false;
-    const char *salt = q->cache_salt;
-    if (salt && !(r->salt = strdup(salt))) {
+    /* the sequence's KV state is set up on the engine thread: the cache is single-threaded */
+    if (q->cache_salt && !(r->salt = strdup(q->cache_salt))) {
         request_free(r);
         return blade_error_set(err, "out of memory"), NULL;
     }
-    blade_kv_seq_init(&r->seq.kv, e->kv, salt, salt ? strlen(salt) : 0);
     return r;
 }
 
@@ -419,6 +418,7 @@ static void live_unlink(blade_engine *e, request_state *r)
 
 static void live_add(blade_engine *e, request_state *r)
 {
+    blade_kv_seq_init(&r->seq.kv, e->kv, r->salt, r->salt ? strlen(r->salt) : 0);
     r->prev_live = NULL;
     r->next_live = e->live;
     if (e->live)
@@ -521,9 +521,11 @@ static void take_incoming(blade_engine *e)
     int32_t n_aborts = e->n_aborts;
     uint64_t aborts[64];
     int32_t take = n_aborts < 64 ? n_aborts : 64;
-    memcpy(aborts, e->aborts, (size_t)take * sizeof *aborts);
-    memmove(e->aborts, e->aborts + take, (size_t)(n_aborts - take) * sizeof *aborts);
-    e->n_aborts -= take;
+    if (take) {
+        memcpy(aborts, e->aborts, (size_t)take * sizeof *aborts);
+        memmove(e->aborts, e->aborts + take, (size_t)(n_aborts - take) * sizeof *aborts);
+        e->n_aborts -= take;
+    }
     pthread_mutex_unlock(&e->mu);
 
     while (in) {
