@@ -415,6 +415,19 @@ static void test_isa(void **state)
     blade_isa_set(best);
     assert_int_equal(blade_isa_active(), best);
     assert_string_equal(blade_isa_name(BLADE_ISA_AVX2), "avx2");
+#if defined(__x86_64__)
+    /* An AVX-512 CPU without VNNI or BF16 gets no AVX-512 kernel for the types that need
+     * them, so blade_matmul falls back to the AVX2 kernel for those. */
+    blade_cpu_features plain = *f;
+    plain.avx512vnni = plain.avx512bf16 = false;
+    for (size_t i = 0; i < N_TYPES; i++) {
+        uint32_t t = all_types[i];
+        bool needs_ext = t != BLADE_TYPE_F32 && t != BLADE_TYPE_F16;
+        assert_true((blade_matmul_avx512_kernel(t, &plain) == NULL) == needs_ext);
+        assert_non_null(blade_matmul_avx2_kernel(t));
+        assert_non_null(blade_matmul_scalar_kernel(t));
+    }
+#endif
     fprintf(stderr, "active ISA: %s (vnni %d, bf16 %d)\n", blade_isa_name(best), f->avx512vnni, f->avx512bf16);
 }
 

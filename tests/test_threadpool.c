@@ -44,7 +44,8 @@ static void test_many_runs(void **state)
         assert_int_equal(blade_threadpool_size(p), n);
         coverage *c = calloc(1, sizeof *c);
         c->nth_expected = n;
-        const int runs = n <= 2 ? 20000 : 1000;
+        /* Pools larger than the machine wait on the scheduler each run, so they get fewer. */
+        const int runs = n <= 2 ? 20000 : 300;
         for (int r = 1; r <= runs; r++) {
             c->run = r;
             blade_threadpool_run(p, count, c);

@@ -39,8 +39,8 @@ size_t blade_attention_scratch_bytes(const blade_kv_store *kv, int32_t n_q, int3
 /* Causal attention of every query over positions 0..its own position. The K/V of the new
  * tokens must already be written into the store. Each KV head is loaded once for its
  * whole group of query heads (GQA): query head h reads KV head h / (n_head / n_head_kv).
- * out must not overlap q. Results are bit-identical for a given active ISA and head_dim
- * (see blade_isa_set); different ISAs agree to about 1e-6 relative. */
+ * out must not overlap q. Results are bit-identical for a given active ISA (see
+ * blade_isa_set), head_dim and block_size; different ISAs agree to a few 1e-6 relative. */
 void blade_attention(const blade_attention_args *a);
 
 #endif

@@ -5,7 +5,15 @@
  * (statements, expressions, filters, tests, loops with loop.*, macros, set/namespace,
  * raise_exception), configured as Hugging Face tokenizers configure Jinja: trim_blocks
  * and lstrip_blocks on, loop controls, a tojson filter that keeps non-ASCII characters,
- * and strftime_now(fmt). Values come from a JSON context (jansson). */
+ * and strftime_now(fmt). Values come from a JSON context (jansson).
+ *
+ * Templates come from downloaded model files, so parsing and rendering are bounded, each
+ * limit failing with its own message: source 1 MiB; statements and expressions nested 256
+ * deep; evaluation recursion 1024 levels and macro calls 64 deep (worst-case stack well
+ * under 256 KiB); 20 million work units per render (about a second; typical chats use ~100
+ * per message); 256 MiB of live values; 32 MiB per string and for the output; range() of
+ * at most 100000 items, as Jinja's sandbox; values nested 512 deep for str(), tojson, ==.
+ * A parsed template is read-only while rendering: threads may render it concurrently. */
 
 #include "blade/error.h"
 

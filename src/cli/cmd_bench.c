@@ -16,7 +16,10 @@ static void bench_usage(FILE *out)
 {
     fprintf(out,
             "usage: blade bench -m MODEL [-p 512] [-n 128] [-b 1,4,8,16] [-r 5] [-t N] [--json]\n"
-            "       blade bench engine -m MODEL --workload W   (see blade bench engine --help)\n\n"
+            "       blade bench engine -m MODEL --workload W   (see blade bench engine --help)\n"
+            "       blade bench serve --url URL --workload W   measure an OpenAI-compatible endpoint\n"
+            "       blade bench ablation -m MODEL --workload W what each serving technique buys\n"
+            "       blade bench compare BASE.json NEW.json     fail on a performance regression\n\n"
             "Measures the model runner on this machine:\n"
             "  ppP    prompt processing: one P-token prefill in a single batch, tokens/s\n"
             "  tgN    single-sequence generation of N tokens from an empty context, tokens/s, and the\n"
@@ -166,6 +169,12 @@ int cmd_bench(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "engine"))
         return cmd_bench_engine(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "serve"))
+        return cmd_bench_serve(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "ablation"))
+        return cmd_bench_ablation(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "compare"))
+        return cmd_bench_compare(argc - 1, argv + 1);
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},       {"n-prompt", required_argument, 0, 'p'},
         {"n-gen", required_argument, 0, 'n'},       {"batches", required_argument, 0, 'b'},

@@ -5,6 +5,8 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__x86_64__)
@@ -16,10 +18,12 @@
 
 /* Persistent workers wait for a new generation number. A decode step issues hundreds of
  * small runs back to back, so waiting starts with a spin (a run costs a cache-line
- * handoff, no syscall); a worker that sees nothing for SPIN_ITERS pauses (roughly
- * 100-300 us, depending on the CPU's pause latency) blocks on a condition variable, so an
- * idle pool costs no CPU. The caller waits for completion the same way. */
-#define SPIN_ITERS 4096
+ * handoff, no syscall); a worker that sees nothing for SPIN_NS blocks on a condition
+ * variable, so an idle pool costs no CPU. Waking a blocked worker costs tens of
+ * microseconds, which the spin keeps out of the gaps inside a forward pass. The caller
+ * waits for completion the same way. The budget is time, not iterations, because the
+ * pause instruction's latency differs tenfold between CPUs. */
+#define SPIN_NS 200000u
 
 typedef struct worker {
     blade_threadpool *pool;
@@ -33,14 +37,16 @@ struct blade_threadpool {
 
     void (*fn)(void *ctx, int ith, int nth);
     void *ctx;
-    _Atomic unsigned gen;
-    _Atomic int pending; /* workers still running the current generation */
     _Atomic bool stop;
+    /* Spinning workers read gen while finishing ones write pending: separate cache lines
+     * keep each finish from disturbing the others' spin. */
+    _Alignas(64) _Atomic unsigned gen;
+    _Alignas(64) _Atomic int pending; /* workers still running the current generation */
 
     /* Sleepers announce themselves before their final check under the mutex; the side
      * that changes the state reads the count after its change and wakes them only if
      * needed (sequentially consistent atomics make one of the two see the other). */
-    _Atomic int sleepers;
+    _Alignas(64) _Atomic int sleepers;
     _Atomic bool caller_sleeping;
     pthread_mutex_t mu;
     pthread_cond_t wake;
@@ -53,6 +59,31 @@ struct blade_threadpool {
  * waiting on workers that are busy running its parent. */
 static _Thread_local const blade_threadpool *current_pool;
 
+typedef struct spin {
+    unsigned iter;
+    uint64_t start_ns;
+} spin;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* One more round of waiting; false once the spin budget is spent. The clock is read
+ * every 64 rounds only. */
+static bool spin_again(spin *s)
+{
+    cpu_relax();
+    if (++s->iter % 64)
+        return true;
+    uint64_t t = now_ns();
+    if (!s->start_ns)
+        s->start_ns = t;
+    return t - s->start_ns < SPIN_NS;
+}
+
 static void finish_one(blade_threadpool *p)
 {
     if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_sleeping)) {
@@ -64,12 +95,12 @@ static void finish_one(blade_threadpool *p)
 
 static unsigned wait_generation(blade_threadpool *p, unsigned seen)
 {
-    for (int i = 0; i < SPIN_ITERS; i++) {
+    spin s = {0, 0};
+    do {
         unsigned g = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (g != seen)
             return g;
-        cpu_relax();
-    }
+    } while (spin_again(&s));
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add(&p->sleepers, 1);
     unsigned g;
@@ -110,9 +141,10 @@ blade_threadpool *blade_threadpool_new(int n_threads)
 {
     if (n_threads <= 0)
         n_threads = blade_physical_cores();
-    blade_threadpool *p = calloc(1, sizeof *p);
+    blade_threadpool *p = aligned_alloc(_Alignof(blade_threadpool), sizeof *p);
     if (!p)
         return NULL;
+    memset(p, 0, sizeof *p);
     p->n = n_threads;
     p->workers = calloc((size_t)n_threads, sizeof *p->workers);
     if (!p->workers) {
@@ -174,12 +206,10 @@ void blade_threadpool_run(blade_threadpool *p, void (*fn)(void *ctx, int ith, in
     fn(ctx, 0, p->n);
     current_pool = outer;
 
-    int spins = 0;
+    spin s = {0, 0};
     while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
-        if (++spins < SPIN_ITERS) {
-            cpu_relax();
+        if (spin_again(&s))
             continue;
-        }
         pthread_mutex_lock(&p->mu);
         atomic_store(&p->caller_sleeping, true);
         while (atomic_load(&p->pending) > 0)

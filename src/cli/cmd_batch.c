@@ -1,0 +1,438 @@
+#include "api/api.h"
+#include "blade/model.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "cli/engine_options.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* A line longer than this is refused without parsing, as `blade serve` refuses such a body. */
+#define MAX_LINE_BYTES (8u << 20)
+
+static void batch_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: blade batch -m MODEL -i REQUESTS.jsonl -o RESULTS.jsonl [options]\n\n"
+            "Runs an OpenAI Batch API file through the engine in the batch traffic class. Each input line is\n"
+            "  {\"custom_id\": ID, \"method\": \"POST\", \"url\": \"/v1/completions\" or \"/v1/chat/completions\",\n"
+            "   \"body\": {...}}\n"
+            "and gives one output line, in the order requests finish (match them by custom_id):\n"
+            "  {\"id\", \"custom_id\", \"response\": {\"status_code\", \"request_id\", \"body\"}, \"error\": null}\n"
+            "A body the API refuses gets its status code and OpenAI error object as the response; a line that\n"
+            "is not a request at all (invalid JSON, no custom_id, unknown url, no body, over 8 MiB) gets\n"
+            "\"response\": null and \"error\": {\"code\", \"message\"}. Neither stops the run. Requests run\n"
+            "concurrently (continuous batching across lines); a summary goes to stderr, and a progress bar\n"
+            "too when stderr is a terminal.\n\n"
+            "  -m, --model FILE          GGUF model\n"
+            "  -i, --input FILE          requests (JSONL)\n"
+            "  -o, --output FILE         results (JSONL), overwritten\n"
+            "      --alias NAME          model name to accept in bodies (also accepted: the file's name)\n"
+            "      --chat-template FILE  Jinja chat template (default: the model's tokenizer.chat_template)\n"
+            "      --max-inflight N      lines running at once, bounding memory (default 256)\n"
+            "  -h, --help                this help\n\n");
+    cli_engine_usage(out);
+}
+
+enum {
+    OPT_ALIAS = 256,
+    OPT_TEMPLATE,
+    OPT_INFLIGHT,
+};
+
+typedef struct batch_item {
+    json_t *custom_id;
+    long line;
+} batch_item;
+
+typedef struct batch_run {
+    FILE *out;
+    api_model *am;
+    api_sink sink;
+    long lines_total; /* -1: unknown */
+    long lines_read, inflight, ok, failed;
+    int64_t prompt_tokens, completion_tokens;
+    double t_start, t_progress;
+    bool tty;
+    bool write_failed;
+} batch_run;
+
+static void write_line(batch_run *b, json_t *line)
+{
+    if (json_dumpf(line, b->out, JSON_COMPACT) || fputc('\n', b->out) == EOF)
+        b->write_failed = true;
+    json_decref(line);
+}
+
+static json_t *custom_id_value(const batch_item *it)
+{
+    return it->custom_id ? json_incref(it->custom_id) : json_null();
+}
+
+static void random_id(char *out, size_t cap)
+{
+    unsigned char r[12] = {0};
+    RAND_bytes(r, sizeof r);
+    size_t n = (size_t)snprintf(out, cap, "batch_req_");
+    for (size_t i = 0; i < sizeof r && n + 2 < cap; i++)
+        n += (size_t)snprintf(out + n, cap - n, "%02x", r[i]);
+}
+
+/* A line that is not a request. */
+static void line_error(batch_run *b, const batch_item *it, const char *code, const char *fmt, ...)
+    BLADE_PRINTF(4, 5);
+static void line_error(batch_run *b, const batch_item *it, const char *code, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    char id[48];
+    random_id(id, sizeof id);
+    json_t *err = json_object();
+    json_object_set_new(err, "code", json_string(code));
+    json_t *m = json_string(msg);
+    json_object_set_new(err, "message", m ? m : json_string("(the message held invalid UTF-8)"));
+    json_t *line = json_object();
+    json_object_set_new(line, "id", json_string(id));
+    json_object_set_new(line, "custom_id", custom_id_value(it));
+    json_object_set_new(line, "response", json_null());
+    json_object_set_new(line, "error", err);
+    write_line(b, line);
+    b->failed++;
+}
+
+/* A request the API answered (successfully or with an HTTP error). */
+static void line_response(batch_run *b, const batch_item *it, int status, const char *request_id, json_t *body)
+{
+    char id[48];
+    random_id(id, sizeof id);
+    json_t *resp = json_object();
+    json_object_set_new(resp, "status_code", json_integer(status));
+    json_object_set_new(resp, "request_id", request_id ? json_string(request_id) : json_null());
+    json_object_set_new(resp, "body", body);
+    json_t *line = json_object();
+    json_object_set_new(line, "id", json_string(id));
+    json_object_set_new(line, "custom_id", custom_id_value(it));
+    json_object_set_new(line, "response", resp);
+    json_object_set_new(line, "error", json_null());
+    write_line(b, line);
+    if (status == 200)
+        b->ok++;
+    else
+        b->failed++;
+}
+
+static void item_free(batch_item *it)
+{
+    json_decref(it->custom_id);
+    free(it);
+}
+
+/* Validates one input line and submits it; lines that cannot run are answered at once. */
+static void start_line(batch_run *b, const char *text, size_t len)
+{
+    batch_item *it = calloc(1, sizeof *it);
+    if (!it) {
+        batch_item none = {.line = b->lines_read};
+        line_error(b, &none, "server_error", "line %ld: out of memory", b->lines_read);
+        return;
+    }
+    it->line = b->lines_read;
+    long ln = it->line;
+    if (len > MAX_LINE_BYTES) {
+        line_error(b, it, "line_too_long", "line %ld is %zu bytes; the limit is %u bytes", ln, len, MAX_LINE_BYTES);
+        item_free(it);
+        return;
+    }
+    json_error_t jerr;
+    json_t *req = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!req) {
+        line_error(b, it, "invalid_json", "line %ld is not valid JSON: %s at column %d", ln, jerr.text, jerr.column);
+        item_free(it);
+        return;
+    }
+    json_t *v;
+    const char *url;
+    api_endpoint ep;
+    if (!json_is_object(req)) {
+        line_error(b, it, "invalid_request", "line %ld must be a JSON object", ln);
+        goto done;
+    }
+    if ((v = json_object_get(req, "custom_id")))
+        it->custom_id = json_incref(v);
+    if (!json_is_string(v) || json_string_length(v) == 0) {
+        line_error(b, it, "invalid_custom_id", "line %ld: 'custom_id' must be a non-empty string, got %s", ln,
+                   !v ? "nothing" : json_is_string(v) ? "an empty string" : "another type");
+        goto done;
+    }
+    v = json_object_get(req, "method");
+    if (!json_is_string(v) || strcmp(json_string_value(v), "POST")) {
+        line_error(b, it, "invalid_method", "line %ld: 'method' must be \"POST\"", ln);
+        goto done;
+    }
+    v = json_object_get(req, "url");
+    url = json_is_string(v) ? json_string_value(v) : NULL;
+    if (!url || (strcmp(url, "/v1/completions") && strcmp(url, "/v1/chat/completions"))) {
+        line_error(b, it, "invalid_url",
+                   "line %ld: 'url' must be \"/v1/completions\" or \"/v1/chat/completions\", got %.100s%s%s", ln,
+                   url ? "\"" : "", url ? url : "a non-string", url ? "\"" : "");
+        goto done;
+    }
+    ep = strcmp(url, "/v1/completions") ? API_CHAT : API_COMPLETIONS;
+    v = json_object_get(req, "body");
+    if (!json_is_object(v)) {
+        line_error(b, it, "invalid_body", "line %ld: 'body' must be a JSON object with the request, got %s", ln,
+                   v ? "another type" : "nothing");
+        goto done;
+    }
+    api_error aerr;
+    json_t *stream = json_object_get(v, "stream");
+    if (json_is_true(stream)) {
+        api_bad_request(&aerr, "stream", "'stream' is not supported in a batch");
+        line_response(b, it, aerr.status, NULL, api_error_json(&aerr));
+        goto done;
+    }
+    api_request r;
+    if (api_parse(b->am, ep, v, &r, &aerr)) {
+        line_response(b, it, aerr.status, NULL, api_error_json(&aerr));
+        goto done;
+    }
+    api_job *job = api_job_submit(b->am, &r, &b->sink, cli_now(), &aerr);
+    if (!job) {
+        line_response(b, it, aerr.status, NULL, api_error_json(&aerr));
+        goto done;
+    }
+    api_job_set_user(job, it);
+    b->inflight++;
+    json_decref(req);
+    return;
+done:
+    json_decref(req);
+    item_free(it);
+}
+
+static void finish_job(batch_run *b, api_job *job)
+{
+    batch_item *it = api_job_user(job);
+    int64_t p, c, k;
+    api_job_usage(job, &p, &c, &k);
+    b->prompt_tokens += p;
+    b->completion_tokens += c;
+    line_response(b, it, api_job_status(job), api_job_id(job), api_job_response(job));
+    item_free(it);
+    api_job_free(job);
+    b->inflight--;
+}
+
+static void pump(batch_run *b)
+{
+    api_event *ev = api_sink_take(&b->sink);
+    while (ev) {
+        api_event *next = ev->next;
+        api_job *job = ev->job;
+        api_timing t;
+        api_job_apply(job, ev, NULL, &t);
+        api_event_free(ev);
+        if (api_job_done(job))
+            finish_job(b, job);
+        ev = next;
+    }
+}
+
+static void progress(batch_run *b, bool last)
+{
+    if (!b->tty)
+        return;
+    double now = cli_now();
+    if (!last && now - b->t_progress < 0.2)
+        return;
+    b->t_progress = now;
+    long done = b->ok + b->failed;
+    double el = now - b->t_start;
+    double rate = el > 0 ? (double)b->completion_tokens / el : 0;
+    char bar[31];
+    int fill = b->lines_total > 0 ? (int)(30.0 * (double)done / (double)b->lines_total) : 0;
+    for (int i = 0; i < 30; i++)
+        bar[i] = i < fill ? '#' : '.';
+    bar[30] = 0;
+    if (b->lines_total > 0)
+        fprintf(stderr, "\r[%s] %ld/%ld lines, %ld running, %.0f tokens/s  ", bar, done, b->lines_total,
+                b->inflight, rate);
+    else
+        fprintf(stderr, "\r%ld lines done, %ld running, %.0f tokens/s  ", done, b->inflight, rate);
+    if (last)
+        fputc('\n', stderr);
+    fflush(stderr);
+}
+
+static long count_lines(FILE *f)
+{
+    long n = 0;
+    int c, last = '\n';
+    while ((c = getc(f)) != EOF) {
+        if (c == '\n')
+            n++;
+        last = c;
+    }
+    if (last != '\n')
+        n++;
+    bool ok = !ferror(f);
+    rewind(f);
+    return ok ? n : -1;
+}
+
+int cmd_batch(int argc, char **argv)
+{
+    static const struct option own[] = {
+        {"model", required_argument, 0, 'm'},
+        {"input", required_argument, 0, 'i'},
+        {"output", required_argument, 0, 'o'},
+        {"alias", required_argument, 0, OPT_ALIAS},
+        {"chat-template", required_argument, 0, OPT_TEMPLATE},
+        {"max-inflight", required_argument, 0, OPT_INFLIGHT},
+        {"help", no_argument, 0, 'h'},
+    };
+    struct option *longopts = cli_merge_longopts(own, sizeof own / sizeof own[0]);
+    if (!longopts)
+        return 1;
+    cli_engine_options eo;
+    cli_engine_options_init(&eo);
+    const char *model_path = NULL, *in_path = NULL, *out_path = NULL, *alias = NULL, *template_file = NULL;
+    long long max_inflight = 256;
+    int c, rc = 2;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:i:o:t:c:h", longopts, NULL)) != -1) {
+        int handled = cli_engine_option(&eo, c == 't' ? OPT_THREADS : c == 'c' ? OPT_CTX_SIZE : c, optarg);
+        if (handled < 0)
+            goto out;
+        if (handled)
+            continue;
+        switch (c) {
+        case 'm': model_path = optarg; break;
+        case 'i': in_path = optarg; break;
+        case 'o': out_path = optarg; break;
+        case OPT_ALIAS: alias = optarg; break;
+        case OPT_TEMPLATE: template_file = optarg; break;
+        case OPT_INFLIGHT:
+            if (!cli_parse_int("--max-inflight", optarg, 1, 1 << 16, &max_inflight))
+                goto out;
+            break;
+        case 'h': batch_usage(stdout); rc = 0; goto out;
+        default: batch_usage(stderr); goto out;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "error: unexpected argument '%s'\n", argv[optind]);
+        goto out;
+    }
+    if (!in_path || !out_path) {
+        fprintf(stderr, "error: give the requests with -i FILE and the results file with -o FILE\n");
+        goto out;
+    }
+    if (!model_path && !(model_path = cli_default_model())) {
+        fprintf(stderr, "error: no model given (-m FILE)\n");
+        goto out;
+    }
+
+    rc = 1;
+    FILE *in = fopen(in_path, "rb");
+    if (!in) {
+        fprintf(stderr, "error: cannot open %s: %s\n", in_path, strerror(errno));
+        goto out;
+    }
+    batch_run b = {0};
+    b.sink.fd = -1;
+    b.tty = isatty(STDERR_FILENO);
+    b.lines_total = b.tty ? count_lines(in) : -1;
+    blade_error err = {{0}};
+    blade_model *m = blade_model_load(model_path, &err);
+    blade_engine *e = NULL;
+    api_model am = {0};
+    bool have_am = false;
+    char *line = NULL;
+    size_t cap = 0;
+    if (!m)
+        goto fail;
+    cli_engine_finalize(&eo, m);
+    if (!(e = blade_engine_new(m, &eo.cfg, &err)))
+        goto fail;
+    if (api_model_init(&am, e, model_path, alias, template_file, &err))
+        goto fail;
+    have_am = true;
+    am.batch_class = true;
+    if (api_sink_init(&b.sink, &err))
+        goto fail;
+    cli_engine_describe(stderr, &eo, e);
+    if (cli_engine_pin_prefix(&eo, e)) {
+        err.msg[0] = 0;
+        goto fail;
+    }
+    if (!(b.out = fopen(out_path, "wb"))) {
+        blade_error_set(&err, "cannot create %s: %s", out_path, strerror(errno));
+        goto fail;
+    }
+    b.am = &am;
+    b.t_start = cli_now();
+    bool eof = false;
+    while (!eof || b.inflight > 0) {
+        while (!eof && b.inflight < max_inflight) {
+            ssize_t n = getline(&line, &cap, in);
+            if (n < 0) {
+                eof = true;
+                break;
+            }
+            b.lines_read++;
+            if (n > 0 && line[n - 1] == '\n')
+                n--;
+            if (n > 0 && line[n - 1] == '\r')
+                n--;
+            start_line(&b, line, (size_t)n);
+        }
+        if (b.inflight > 0) {
+            struct pollfd p = {.fd = b.sink.fd, .events = POLLIN};
+            poll(&p, 1, b.tty ? 200 : -1);
+            pump(&b);
+        }
+        progress(&b, false);
+    }
+    progress(&b, true);
+    if (ferror(in))
+        fprintf(stderr, "error: reading %s failed after %ld lines\n", in_path, b.lines_read);
+    if (fclose(b.out) || b.write_failed) {
+        blade_error_set(&err, "writing %s failed", out_path);
+        b.out = NULL;
+        goto fail;
+    }
+    b.out = NULL;
+    double el = cli_now() - b.t_start;
+    fprintf(stderr,
+            "batch: %ld requests: %ld ok, %ld failed; %lld prompt tokens, %lld completion tokens; %.1f completion "
+            "tokens/s; %.2f s\n",
+            b.ok + b.failed, b.ok, b.failed, (long long)b.prompt_tokens, (long long)b.completion_tokens,
+            el > 0 ? (double)b.completion_tokens / el : 0.0, el);
+    rc = ferror(in) ? 1 : 0;
+fail:
+    if (rc && err.msg[0])
+        fprintf(stderr, "error: %s\n", err.msg);
+    if (b.out)
+        fclose(b.out);
+    free(line);
+    blade_engine_free(e, false);
+    api_sink_destroy(&b.sink);
+    if (have_am)
+        api_model_destroy(&am);
+    blade_model_free(m);
+    fclose(in);
+out:
+    free(longopts);
+    return rc;
+}

@@ -1,0 +1,698 @@
+#include "server/server.h"
+
+#include "server/metrics.h"
+
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+enum route { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT };
+enum state { S_LOADING, S_READY, S_DRAINING };
+
+typedef struct conn {
+    server *s;
+    struct MHD_Connection *mc;
+    enum route route;
+    const char *model_id; /* R_MODEL */
+    double t_start;
+    int status;           /* what was queued; 0 while nothing was */
+    api_buf body;
+    size_t received;      /* body bytes read, kept or not */
+    api_sink sink;
+    api_job *job;
+    bool admitted;        /* counted in server.inflight and listed in server.active */
+    bool waiting_first;   /* counted in server.queued until its first event */
+    atomic_int kick;      /* set by the drain: abort with 503 */
+    bool disconnected;
+    double deadline;      /* 0: none */
+    int fd;               /* the client's socket, watched for hang-ups */
+    api_buf out;          /* stream bytes not yet handed to libmicrohttpd */
+    size_t out_pos;
+    bool out_end;
+    struct conn *next, *prev; /* server.active, from admission until the answer is sent */
+} conn;
+
+struct server {
+    server_config cfg;
+    struct MHD_Daemon *d;
+    int port;
+    bool has_key;
+    unsigned char key_hash[32];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    enum state state;
+    api_model *am;
+    int inflight; /* admitted requests not yet answered in full */
+    int queued;   /* jobs that have not produced an event yet */
+    conn *active;
+    metrics m;
+};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- responses ---- */
+
+static enum MHD_Result respond(conn *c, int status, const char *ctype, char *body, size_t len, const char *hname,
+                               const char *hvalue)
+{
+    if (!body)
+        return MHD_NO;
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", ctype);
+    if (hname)
+        MHD_add_response_header(r, hname, hvalue);
+    enum MHD_Result ret = MHD_queue_response(c->mc, (unsigned int)status, r);
+    MHD_destroy_response(r);
+    if (ret == MHD_YES)
+        c->status = status;
+    return ret;
+}
+
+static enum MHD_Result respond_json(conn *c, int status, json_t *j)
+{
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    return respond(c, status, "application/json", s, s ? strlen(s) : 0, NULL, NULL);
+}
+
+static enum MHD_Result respond_error_with(conn *c, const api_error *e, const char *hname, const char *hvalue)
+{
+    size_t len;
+    char *s = api_error_body(e, &len);
+    return respond(c, e->status, "application/json", s, len, hname, hvalue);
+}
+
+static enum MHD_Result respond_error(conn *c, const api_error *e)
+{
+    return respond_error_with(c, e, NULL, NULL);
+}
+
+/* ---- routing and admission ---- */
+
+static enum route find_route(const char *url, const char **model_id)
+{
+    if (!strcmp(url, "/health"))
+        return R_HEALTH;
+    if (!strcmp(url, "/metrics"))
+        return R_METRICS;
+    if (!strcmp(url, "/v1/models"))
+        return R_MODELS;
+    if (!strncmp(url, "/v1/models/", 11) && url[11]) {
+        *model_id = url + 11;
+        return R_MODEL;
+    }
+    if (!strcmp(url, "/v1/completions"))
+        return R_COMPLETIONS;
+    if (!strcmp(url, "/v1/chat/completions"))
+        return R_CHAT;
+    return R_NONE;
+}
+
+static void key_digest(const char *key, size_t len, unsigned char out[32])
+{
+    unsigned int n = 0;
+    EVP_Digest(key, len, out, &n, EVP_sha256(), NULL);
+}
+
+/* The key is compared through its digest with a constant-time compare, so neither the
+ * contents nor the length of the expected key leak through timing. */
+static bool authorized(server *s, struct MHD_Connection *mc, api_error *err)
+{
+    if (!s->has_key)
+        return true;
+    const char *h = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h) {
+        api_error_set(err, 401, "invalid_request_error", "missing_api_key", NULL,
+                      "No API key was provided: send the header 'Authorization: Bearer <key>'");
+        return false;
+    }
+    if (strncasecmp(h, "Bearer ", 7)) {
+        api_error_set(err, 401, "invalid_request_error", "invalid_api_key", NULL,
+                      "The Authorization header must have the form 'Bearer <key>'");
+        return false;
+    }
+    const char *key = h + 7;
+    while (*key == ' ')
+        key++;
+    unsigned char digest[32];
+    key_digest(key, strlen(key), digest);
+    if (CRYPTO_memcmp(digest, s->key_hash, sizeof digest)) {
+        api_error_set(err, 401, "invalid_request_error", "invalid_api_key", NULL, "Incorrect API key provided");
+        return false;
+    }
+    return true;
+}
+
+static const char *state_message(enum state st)
+{
+    return st == S_LOADING ? "the model is still loading; try again shortly"
+                           : "the server is shutting down and takes no new requests";
+}
+
+static enum MHD_Result first_call(conn *c, const char *url, const char *method)
+{
+    server *s = c->s;
+    api_error err;
+    c->route = find_route(url, &c->model_id);
+    if (c->route == R_NONE) {
+        api_error_set(&err, 404, "invalid_request_error", "unknown_url", NULL,
+                      "Unknown request URL: %.32s %.200s. This server answers POST /v1/completions, POST "
+                      "/v1/chat/completions, GET /v1/models, GET /health and GET /metrics",
+                      method, url);
+        return respond_error(c, &err);
+    }
+    bool post = c->route == R_COMPLETIONS || c->route == R_CHAT;
+    bool ok = post ? !strcmp(method, "POST") : (!strcmp(method, "GET") || !strcmp(method, "HEAD"));
+    if (!ok) {
+        api_error_set(&err, 405, "invalid_request_error", "method_not_allowed", NULL,
+                      "Method %.32s is not allowed on %.200s; use %s", method, url, post ? "POST" : "GET");
+        return respond_error_with(c, &err, MHD_HTTP_HEADER_ALLOW, post ? "POST" : "GET, HEAD");
+    }
+    if (c->route == R_HEALTH || c->route == R_METRICS)
+        return MHD_YES;
+    if (!authorized(s, c->mc, &err))
+        return respond_error_with(c, &err, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    pthread_mutex_lock(&s->mu);
+    enum state st = s->state;
+    pthread_mutex_unlock(&s->mu);
+    if (st != S_READY) {
+        api_error_set(&err, 503, "server_error", "unavailable", NULL, "%s", state_message(st));
+        return respond_error(c, &err);
+    }
+    if (post) {
+        const char *cl = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl) {
+            char *end;
+            errno = 0;
+            unsigned long long n = strtoull(cl, &end, 10);
+            if (errno || end == cl || n > s->cfg.max_body) {
+                api_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
+                              "The request body is %.40s bytes; the limit is %zu bytes (--max-body)", cl,
+                              s->cfg.max_body);
+                return respond_error(c, &err);
+            }
+        }
+    }
+    return MHD_YES;
+}
+
+/* Admission of a job: refused while draining (503) or when too many requests already wait
+ * for their first token (429). The job is registered at once, so the limit holds under
+ * any number of concurrent connections. */
+static bool admit(conn *c, api_error *err)
+{
+    server *s = c->s;
+    bool ok = false;
+    pthread_mutex_lock(&s->mu);
+    if (s->state != S_READY) {
+        api_error_set(err, 503, "server_error", "unavailable", NULL, "%s", state_message(s->state));
+    } else if (s->queued >= s->cfg.max_queue) {
+        api_error_set(err, 429, "rate_limit_exceeded", "rate_limit_exceeded", NULL,
+                      "%d requests are already waiting to start (--max-queue %d); try again later", s->queued,
+                      s->cfg.max_queue);
+    } else {
+        s->queued++;
+        s->inflight++;
+        c->admitted = true;
+        c->waiting_first = true;
+        c->next = s->active;
+        c->prev = NULL;
+        if (s->active)
+            s->active->prev = c;
+        s->active = c;
+        ok = true;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+static void started(conn *c)
+{
+    pthread_mutex_lock(&c->s->mu);
+    if (c->waiting_first)
+        c->s->queued--;
+    c->waiting_first = false;
+    pthread_mutex_unlock(&c->s->mu);
+}
+
+/* The request is answered in full (or its client is gone): a drain may end once every
+ * admitted request got here, so a stream's last bytes are never cut off. */
+static void leave(conn *c)
+{
+    server *s = c->s;
+    pthread_mutex_lock(&s->mu);
+    if (c->waiting_first)
+        s->queued--;
+    c->waiting_first = false;
+    s->inflight--;
+    c->admitted = false;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->active = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- driving a job ---- */
+
+static void pump(conn *c, api_buf *sse)
+{
+    api_event *ev = api_sink_take(&c->sink);
+    if (ev && c->waiting_first)
+        started(c);
+    while (ev) {
+        api_event *next = ev->next;
+        api_timing t;
+        api_job_apply(c->job, ev, sse, &t);
+        metrics_observe(&c->s->m, &t);
+        api_event_free(ev);
+        ev = next;
+    }
+}
+
+enum wake { WAKE_EVENTS, WAKE_DEADLINE, WAKE_GONE };
+
+/* Sleeps until an event arrives, the deadline passes or the client hangs up. Only
+ * POLLRDHUP is asked of the socket: data a client pipelines behind its request must not
+ * count as a hang-up. */
+static enum wake wait_step(conn *c)
+{
+    struct pollfd p[2] = {{.fd = c->sink.fd, .events = POLLIN}, {.fd = c->fd, .events = POLLRDHUP}};
+    nfds_t n = c->fd >= 0 && !c->disconnected ? 2 : 1;
+    int ms = -1;
+    if (c->deadline > 0) {
+        double left = c->deadline - now();
+        if (left <= 0)
+            return WAKE_DEADLINE;
+        ms = left > 3600 ? 3600 * 1000 : (int)(left * 1000) + 1;
+    }
+    int r = poll(p, n, ms);
+    if (r == 0)
+        return c->deadline > 0 && now() >= c->deadline ? WAKE_DEADLINE : WAKE_EVENTS;
+    if (r > 0 && n == 2 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR)))
+        return WAKE_GONE;
+    return WAKE_EVENTS;
+}
+
+/* Runs the job until it is done or, when streaming, until there are bytes to send. */
+static void drive(conn *c, api_buf *sse)
+{
+    for (;;) {
+        if (atomic_exchange(&c->kick, 0)) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "the server is shutting down: the request was aborted after the drain timeout "
+                                      "of %g s",
+                     c->s->cfg.drain_timeout);
+            api_job_abort(c->job, 503, "server_error", msg);
+        }
+        pump(c, sse);
+        if (api_job_done(c->job) || (sse && (sse->len > 0 || sse->failed)))
+            return;
+        switch (wait_step(c)) {
+        case WAKE_DEADLINE: {
+            char msg[160];
+            snprintf(msg, sizeof msg, "the request took longer than the server's limit of %g s (--timeout) and was "
+                                      "aborted",
+                     c->s->cfg.timeout);
+            c->deadline = 0;
+            api_job_abort(c->job, 504, "timeout", msg);
+            break;
+        }
+        case WAKE_GONE:
+            c->disconnected = true;
+            api_job_abort(c->job, 499, "client_closed", "the client closed the connection");
+            if (sse)
+                return;
+            break;
+        case WAKE_EVENTS: break;
+        }
+    }
+}
+
+static void end_job(conn *c)
+{
+    if (!c->job)
+        return;
+    if (!api_job_done(c->job)) {
+        c->disconnected = true;
+        api_job_abort(c->job, 499, "client_closed", "the client closed the connection");
+        drive(c, NULL);
+    }
+    if (api_job_status(c->job) == 200)
+        metrics_observe_e2e(&c->s->m, now() - c->t_start);
+    started(c);
+    api_job_free(c->job);
+    c->job = NULL;
+}
+
+/* The job is over: from now on a connection that makes no progress is idle again (the
+ * switch from no timeout restarts libmicrohttpd's clock, so the wait is not held against it). */
+static void idle_again(conn *c)
+{
+    MHD_set_connection_option(c->mc, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)c->s->cfg.idle_timeout);
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    conn *c = cls;
+    (void)pos;
+    for (;;) {
+        if (c->out.failed)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (c->out_pos < c->out.len) {
+            size_t n = c->out.len - c->out_pos;
+            if (n > max)
+                n = max;
+            memcpy(buf, c->out.data + c->out_pos, n);
+            c->out_pos += n;
+            if (c->out_pos == c->out.len)
+                c->out.len = c->out_pos = 0;
+            return (ssize_t)n;
+        }
+        if (c->out_end)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        if (api_job_done(c->job)) {
+            api_job_stream_end(c->job, &c->out);
+            end_job(c);
+            c->out_end = true;
+            idle_again(c);
+            continue;
+        }
+        drive(c, &c->out);
+        if (c->disconnected)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+}
+
+static enum MHD_Result serve_completion(conn *c)
+{
+    server *s = c->s;
+    api_error err;
+    api_request req;
+    api_endpoint ep = c->route == R_CHAT ? API_CHAT : API_COMPLETIONS;
+    int rc = api_parse_body(s->am, ep, c->body.data ? c->body.data : "", c->body.len, &req, &err);
+    api_buf_free(&c->body);
+    if (rc)
+        return respond_error(c, &err);
+    blade_error berr = {{0}};
+    if (api_sink_init(&c->sink, &berr)) {
+        api_request_free(&req);
+        api_error_set(&err, 500, "server_error", NULL, NULL, "%s", berr.msg);
+        return respond_error(c, &err);
+    }
+    if (!admit(c, &err)) {
+        api_request_free(&req);
+        return respond_error(c, &err);
+    }
+    bool stream = req.stream;
+    c->job = api_job_submit(s->am, &req, &c->sink, c->t_start, &err);
+    if (!c->job)
+        return respond_error(c, &err);
+    /* While the job runs, silence on the wire is the engine thinking (a long queue or
+     * prefill), not an idle client: only --timeout bounds it. */
+    MHD_set_connection_option(c->mc, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    c->fd = ci ? ci->connect_fd : -1;
+    c->deadline = s->cfg.timeout > 0 ? c->t_start + s->cfg.timeout : 0;
+
+    if (stream) {
+        api_job_stream_start(c->job, &c->out);
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, c, NULL);
+        if (!r)
+            return MHD_NO;
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        MHD_add_response_header(r, "X-Accel-Buffering", "no");
+        enum MHD_Result ret = MHD_queue_response(c->mc, MHD_HTTP_OK, r);
+        MHD_destroy_response(r);
+        if (ret == MHD_YES)
+            c->status = 200;
+        return ret;
+    }
+    drive(c, NULL);
+    if (c->disconnected) {
+        end_job(c);
+        return MHD_NO;
+    }
+    int status = api_job_status(c->job);
+    json_t *resp = api_job_response(c->job);
+    end_job(c);
+    idle_again(c);
+    return respond_json(c, status, resp);
+}
+
+static enum MHD_Result serve_get(conn *c)
+{
+    server *s = c->s;
+    pthread_mutex_lock(&s->mu);
+    enum state st = s->state;
+    pthread_mutex_unlock(&s->mu);
+    if (c->route == R_HEALTH) {
+        const char *word = st == S_READY ? "ok" : st == S_LOADING ? "loading" : "draining";
+        return respond_json(c, st == S_READY ? 200 : 503, json_pack("{s:s}", "status", word));
+    }
+    if (c->route == R_METRICS) {
+        api_buf out = {0};
+        metrics_render(&s->m, st == S_LOADING ? NULL : s->am->engine, &out);
+        if (out.failed) {
+            api_buf_free(&out);
+            return MHD_NO;
+        }
+        return respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", out.data ? out.data : strdup(""), out.len,
+                       NULL, NULL);
+    }
+    json_t *j = api_models_json(s->am, c->route == R_MODEL ? c->model_id : NULL);
+    if (!j) {
+        api_error err;
+        api_error_set(&err, 404, "invalid_request_error", "model_not_found", "model",
+                      "The model '%.200s' does not exist; this server serves '%s'", c->model_id, s->am->names[0]);
+        return respond_error(c, &err);
+    }
+    return respond_json(c, 200, j);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    server *s = cls;
+    conn *c = *con_cls;
+    (void)version;
+    if (!c) {
+        if (!(c = calloc(1, sizeof *c)))
+            return MHD_NO;
+        c->s = s;
+        c->mc = mc;
+        c->t_start = now();
+        c->fd = -1;
+        c->sink.fd = -1;
+        atomic_init(&c->kick, 0);
+        *con_cls = c;
+        metrics_in_flight(&s->m, 1);
+        return first_call(c, url, method);
+    }
+    if (c->status) {
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        c->received += *upload_size;
+        if (c->received > s->cfg.max_body) {
+            /* libmicrohttpd cannot answer in the middle of an upload: the rest is read and
+             * dropped so the client gets its 413, but an upload that goes on far past the
+             * limit has the connection closed instead. */
+            api_buf_free(&c->body);
+            *upload_size = 0;
+            if (c->received > 2 * s->cfg.max_body + (1u << 20)) {
+                c->status = 413;
+                return MHD_NO;
+            }
+            return MHD_YES;
+        }
+        api_buf_append(&c->body, upload, *upload_size);
+        *upload_size = 0;
+        if (c->body.failed) {
+            api_error err;
+            api_error_set(&err, 500, "server_error", NULL, NULL, "out of memory while reading the request body");
+            return respond_error(c, &err);
+        }
+        return MHD_YES;
+    }
+    if (c->received > s->cfg.max_body) {
+        api_error err;
+        api_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
+                      "The request body is %zu bytes; the limit is %zu bytes (--max-body)", c->received,
+                      s->cfg.max_body);
+        return respond_error(c, &err);
+    }
+    if (c->route == R_COMPLETIONS || c->route == R_CHAT)
+        return serve_completion(c);
+    return serve_get(c);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    server *s = cls;
+    conn *c = *con_cls;
+    (void)mc;
+    if (!c)
+        return;
+    end_job(c);
+    if (c->admitted)
+        leave(c);
+    bool gone = c->disconnected || (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !c->out_end && c->status == 200);
+    metrics_count_status(&s->m, gone || !c->status ? 499 : c->status);
+    metrics_in_flight(&s->m, -1);
+    api_buf_free(&c->body);
+    api_buf_free(&c->out);
+    api_sink_destroy(&c->sink);
+    free(c);
+    *con_cls = NULL;
+}
+
+/* ---- lifecycle ---- */
+
+static int listen_on(const char *host, int port, bool *v6, int *bound_port, blade_error *err)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int g = getaddrinfo(host, ps, &hints, &res);
+    if (g)
+        return blade_error_set(err, "--host %s: %s", host, gai_strerror(g));
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+        bind(fd, res->ai_addr, res->ai_addrlen) || listen(fd, 512)) {
+        blade_error_set(err, "cannot listen on %s port %d: %s", host, port, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(res);
+        return -1;
+    }
+    *v6 = res->ai_family == AF_INET6;
+    freeaddrinfo(res);
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    getsockname(fd, (struct sockaddr *)&sa, &len);
+    *bound_port = sa.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&sa)->sin6_port)
+                                           : ntohs(((struct sockaddr_in *)&sa)->sin_port);
+    return fd;
+}
+
+server *server_start(const server_config *cfg, blade_error *err)
+{
+    server *s = calloc(1, sizeof *s);
+    if (!s)
+        return blade_error_set(err, "out of memory"), NULL;
+    s->cfg = *cfg;
+    if (cfg->api_key) {
+        s->has_key = true;
+        key_digest(cfg->api_key, strlen(cfg->api_key), s->key_hash);
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    metrics_init(&s->m);
+    bool v6 = false;
+    int fd = listen_on(cfg->host, cfg->port, &v6, &s->port, err);
+    if (fd < 0) {
+        server_stop(s);
+        return NULL;
+    }
+    unsigned int flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
+    if (v6)
+        flags |= MHD_USE_IPv6;
+    s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_LISTEN_SOCKET, fd,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned int)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned int)cfg->idle_timeout, MHD_OPTION_END);
+    if (!s->d) {
+        close(fd);
+        blade_error_set(err, "cannot start the HTTP server on %s port %d", cfg->host, s->port);
+        server_stop(s);
+        return NULL;
+    }
+    return s;
+}
+
+int server_port(const server *s)
+{
+    return s->port;
+}
+
+void server_set_model(server *s, api_model *am)
+{
+    pthread_mutex_lock(&s->mu);
+    s->am = am;
+    s->state = S_READY;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void wait_inflight(server *s, double seconds)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    double t = (double)until.tv_sec + (double)until.tv_nsec * 1e-9 + seconds;
+    until.tv_sec = (time_t)t;
+    until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
+    while (s->inflight > 0)
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &until) == ETIMEDOUT)
+            break;
+}
+
+void server_drain(server *s)
+{
+    pthread_mutex_lock(&s->mu);
+    if (s->state == S_READY)
+        s->state = S_DRAINING;
+    wait_inflight(s, s->cfg.drain_timeout);
+    if (s->inflight > 0) {
+        uint64_t one = 1;
+        for (conn *c = s->active; c; c = c->next) {
+            atomic_store(&c->kick, 1);
+            ssize_t w = write(c->sink.fd, &one, sizeof one);
+            (void)w;
+        }
+        /* An aborted request ends within one engine step; the bound only guards against a
+         * client that stopped reading its stream. */
+        wait_inflight(s, 10.0);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void server_stop(server *s)
+{
+    if (!s)
+        return;
+    if (s->d)
+        MHD_stop_daemon(s->d);
+    metrics_destroy(&s->m);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}

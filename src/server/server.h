@@ -1,0 +1,43 @@
+#ifndef BLADE_SERVER_SERVER_H
+#define BLADE_SERVER_SERVER_H
+
+/* The HTTP side of `blade serve` (libmicrohttpd, one thread per connection): routing,
+ * API-key checks, body limits, the OpenAI endpoints over src/api, Server-Sent Events
+ * streaming, /health, /metrics and the lifecycle (loading, ready, draining).
+ *
+ * A connection's thread waits on its job's event queue and on its own socket at once, so
+ * a client that goes away is noticed while its request is still generating and the
+ * request is aborted at once (its KV blocks return to the pool within one engine step). */
+
+#include "api/api.h"
+#include "blade/error.h"
+
+#include <stddef.h>
+
+typedef struct server_config {
+    const char *host;      /* numeric address; default 127.0.0.1 */
+    int port;              /* 0: any free port (server_port tells which) */
+    const char *api_key;   /* NULL: no authentication */
+    size_t max_body;       /* bytes */
+    int max_queue;         /* requests waiting for their first token before 429 */
+    double timeout;        /* seconds a request may take in all; 0: unbounded */
+    double drain_timeout;  /* seconds in-flight requests get to finish on shutdown */
+    int max_connections;   /* open connections, idle keep-alive ones included */
+    int idle_timeout;      /* seconds a connection may sit without traffic (idle keep-alive,
+                            * stalled upload, unread response) before it is closed */
+} server_config;
+
+typedef struct server server;
+
+/* Listens at once (GET /health answers 503 until server_set_model). */
+server *server_start(const server_config *cfg, blade_error *err);
+int server_port(const server *s);
+/* The model is loaded: requests are served from now on. am must outlive the server. */
+void server_set_model(server *s, api_model *am);
+/* Stops taking new requests (503, /health 503), lets in-flight ones finish for up to
+ * drain_timeout seconds, then aborts what is left and waits for it to end. */
+void server_drain(server *s);
+/* Closes every connection and frees the server. */
+void server_stop(server *s);
+
+#endif

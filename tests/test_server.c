@@ -1,0 +1,979 @@
+/* `blade serve` end to end, over real sockets against a real server process: OpenAI shapes,
+ * greedy output equal to `blade run`, prefix caching through the API, streaming, n/seed/
+ * logprobs, a suite of hostile requests, client disconnects freeing KV blocks, the queue
+ * and time limits, and draining on SIGTERM. */
+#include "testutil.h"
+
+#include "blade/chat_template.h"
+#include "blade/model.h"
+#include "blade/tokenizer.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define API_KEY "test-key-123"
+
+typedef struct srv {
+    pid_t pid;
+    int port;
+    FILE *out;
+} srv;
+
+static srv g_main;
+static srv g_extra; /* the second server of a test, killed by its teardown if the test fails */
+static char *g_model;
+static char *g_template_file;
+static char *g_template_source;
+
+/* ---- the server process ---- */
+
+static double mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Starts `blade serve ARGS --port 0` and waits until it says it is ready. */
+static void srv_start(srv *s, const char *args)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "exec '%s' serve -m '%s' --port 0 --kv-mem 64M -t 2 %s", BLADE_BINARY, g_model, args);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* the server must not outlive a test binary that crashes */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    s->pid = pid;
+    s->out = fdopen(fds[0], "r");
+    s->port = 0;
+    char line[1024];
+    while (fgets(line, sizeof line, s->out)) {
+        const char *p = strstr(line, "listening on http://127.0.0.1:");
+        if (p)
+            s->port = atoi(p + strlen("listening on http://127.0.0.1:"));
+        if (strstr(line, "blade serve: ready"))
+            return;
+    }
+    fail_msg("blade serve exited before it was ready (%s)", cmd);
+}
+
+/* SIGTERM, then the exit status (which under ASan also reports leaks). */
+static int srv_stop(srv *s)
+{
+    kill(s->pid, SIGTERM);
+    int status = 0;
+    double until = mono() + 60;
+    pid_t r;
+    while ((r = waitpid(s->pid, &status, WNOHANG)) == 0 && mono() < until)
+        usleep(20000);
+    if (r == 0) {
+        kill(s->pid, SIGKILL);
+        waitpid(s->pid, &status, 0);
+        fclose(s->out);
+        return -1;
+    }
+    fclose(s->out);
+    s->pid = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static int stop_extra(void **state)
+{
+    (void)state;
+    if (g_extra.pid > 0) {
+        kill(g_extra.pid, SIGKILL);
+        waitpid(g_extra.pid, NULL, 0);
+        fclose(g_extra.out);
+        g_extra.pid = 0;
+    }
+    return 0;
+}
+
+/* ---- a raw HTTP/1.1 client (every byte under the test's control) ---- */
+
+static int dial(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {.tv_sec = 120};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+static bool send_all(int fd, const void *data, size_t n)
+{
+    const char *p = data;
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w <= 0)
+            return false;
+        p += w;
+        n -= (size_t)w;
+    }
+    return true;
+}
+
+static char *recv_all(int fd, size_t *len)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    for (;;) {
+        if (n == cap) {
+            cap *= 2;
+            buf = realloc(buf, cap + 1);
+        }
+        ssize_t r = recv(fd, buf + n, cap - n, 0);
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+typedef struct resp {
+    int status;
+    char *raw;
+    char *body; /* de-chunked, NUL-terminated */
+    size_t body_len;
+} resp;
+
+static void resp_free(resp *r)
+{
+    free(r->raw);
+    free(r->body);
+    memset(r, 0, sizeof *r);
+}
+
+static void parse_resp(char *raw, size_t n, resp *r)
+{
+    memset(r, 0, sizeof *r);
+    r->raw = raw;
+    if (sscanf(raw, "HTTP/1.1 %d", &r->status) != 1)
+        r->status = 0;
+    char *hend = strstr(raw, "\r\n\r\n");
+    r->body = calloc(1, n + 1);
+    if (!hend)
+        return;
+    *hend = 0;
+    char *b = hend + 4;
+    size_t blen = n - (size_t)(b - raw);
+    bool chunked = strcasestr(raw, "Transfer-Encoding: chunked") != NULL;
+    if (!chunked) {
+        memcpy(r->body, b, blen);
+        r->body_len = blen;
+        return;
+    }
+    char *end = b + blen;
+    while (b < end) {
+        char *nl;
+        unsigned long sz = strtoul(b, &nl, 16);
+        if (nl == b || !(nl = strstr(nl, "\r\n")) || sz == 0)
+            break;
+        b = nl + 2;
+        if (b + sz > end)
+            sz = (unsigned long)(end - b);
+        memcpy(r->body + r->body_len, b, sz);
+        r->body_len += sz;
+        b += sz + 2;
+    }
+}
+
+static void build_request(char *out, size_t cap, const char *method, const char *path, const char *headers,
+                          size_t body_len, bool auth)
+{
+    snprintf(out, cap,
+             "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s%s%sContent-Type: "
+             "application/json\r\nContent-Length: %zu\r\n\r\n",
+             method, path, auth ? "Authorization: Bearer " API_KEY "\r\n" : "", headers ? headers : "",
+             headers && *headers && headers[strlen(headers) - 1] != '\n' ? "\r\n" : "", body_len);
+}
+
+static void http_raw(int port, const void *req, size_t len, resp *r)
+{
+    int fd = dial(port);
+    send_all(fd, req, len);
+    size_t n;
+    char *raw = recv_all(fd, &n);
+    close(fd);
+    parse_resp(raw, n, r);
+}
+
+static void http_ex(int port, const char *method, const char *path, const char *headers, const char *body,
+                    size_t body_len, bool auth, resp *r)
+{
+    char head[2048];
+    build_request(head, sizeof head, method, path, headers, body_len, auth);
+    size_t hl = strlen(head);
+    char *req = malloc(hl + body_len + 1);
+    memcpy(req, head, hl);
+    if (body_len)
+        memcpy(req + hl, body, body_len);
+    http_raw(port, req, hl + body_len, r);
+    free(req);
+}
+
+static void post(int port, const char *path, const char *body, resp *r)
+{
+    http_ex(port, "POST", path, NULL, body, strlen(body), true, r);
+}
+
+static json_t *body_json(const resp *r)
+{
+    json_error_t e;
+    json_t *j = json_loadb(r->body, r->body_len, 0, &e);
+    if (!j)
+        fail_msg("response is not JSON (%s): %.300s", e.text, r->body);
+    return j;
+}
+
+/* POSTs and returns the decoded 200 response. */
+static json_t *post_ok(int port, const char *path, const char *body)
+{
+    resp r;
+    post(port, path, body, &r);
+    if (r.status != 200)
+        fail_msg("POST %s %s -> %d %s", path, body, r.status, r.body);
+    json_t *j = body_json(&r);
+    resp_free(&r);
+    return j;
+}
+
+static const char *choice_text(json_t *resp, size_t i)
+{
+    json_t *c = json_array_get(json_object_get(resp, "choices"), i);
+    json_t *msg = json_object_get(c, "message");
+    return json_string_value(json_object_get(msg ? msg : c, msg ? "content" : "text"));
+}
+
+static long long usage_field(json_t *resp, const char *key)
+{
+    return json_integer_value(json_object_get(json_object_get(resp, "usage"), key));
+}
+
+static long long metric(int port, const char *name)
+{
+    resp r;
+    http_ex(port, "GET", "/metrics", NULL, NULL, 0, false, &r);
+    assert_int_equal(r.status, 200);
+    char pat[160];
+    snprintf(pat, sizeof pat, "\n%s ", name);
+    const char *p = strstr(r.body, pat);
+    long long v = p ? (long long)strtod(p + strlen(pat), NULL) : -1;
+    resp_free(&r);
+    return v;
+}
+
+static char *run_capture(const char *args, int *status)
+{
+    char *out = NULL;
+    *status = run_blade(args, &out, 0);
+    return out;
+}
+
+/* ---- setup ---- */
+
+static int setup(void **state)
+{
+    (void)state;
+    g_model = shared_path("models/stories260K.gguf");
+    char *cases_path = shared_path("chat-templates/cases.json");
+    if (access(g_model, R_OK) || access(cases_path, R_OK)) {
+        fprintf(stderr, "shared model or chat templates missing\n");
+        free(cases_path);
+        return -1;
+    }
+    json_error_t e;
+    json_t *cases = json_load_file(cases_path, 0, &e);
+    free(cases_path);
+    if (!cases)
+        return -1;
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        json_t *c = json_array_get(cases, i);
+        if (!strcmp(json_string_value(json_object_get(c, "name")), "teknium/OpenHermes-2.5-Mistral-7B")) {
+            g_template_source = strdup(json_string_value(json_object_get(c, "template")));
+            break;
+        }
+    }
+    json_decref(cases);
+    if (!g_template_source)
+        return -1;
+    g_template_file = temp_path("server-chatml.jinja");
+    write_file(g_template_file, g_template_source, strlen(g_template_source));
+    char args[1024];
+    snprintf(args, sizeof args, "--api-key %s --chat-template '%s' --alias stories", API_KEY, g_template_file);
+    srv_start(&g_main, args);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    int rc = srv_stop(&g_main);
+    free(g_model);
+    free(g_template_file);
+    free(g_template_source);
+    if (rc != 0)
+        fprintf(stderr, "blade serve exited with %d after SIGTERM\n", rc);
+    return rc == 0 ? 0 : -1;
+}
+
+/* ---- tests ---- */
+
+static void test_health_models_metrics(void **state)
+{
+    (void)state;
+    resp r;
+    http_ex(g_main.port, "GET", "/health", NULL, NULL, 0, false, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"ok\""));
+    resp_free(&r);
+    http_ex(g_main.port, "GET", "/v1/models", NULL, NULL, 0, true, &r);
+    assert_int_equal(r.status, 200);
+    json_t *j = body_json(&r);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id")),
+                        "stories");
+    json_decref(j);
+    resp_free(&r);
+    http_ex(g_main.port, "GET", "/v1/models/stories260K.gguf", NULL, NULL, 0, true, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    http_ex(g_main.port, "GET", "/metrics", NULL, NULL, 0, false, &r);
+    assert_int_equal(r.status, 200);
+    const char *names[] = {"blade:time_to_first_token_seconds_bucket", "blade:e2e_request_latency_seconds_count",
+                           "blade:time_per_output_token_seconds", "blade:inter_token_latency_seconds",
+                           "blade:request_queue_time_seconds", "blade:num_requests_running",
+                           "blade:num_requests_waiting", "blade:kv_blocks_used", "blade:kv_blocks_cached",
+                           "blade:prefix_cache_hit_rate", "blade:num_preemptions_total",
+                           "blade:prompt_tokens_total", "blade:generation_tokens_total",
+                           "blade:http_requests_total{status=\"200\"}"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strstr(r.body, names[i]))
+            fail_msg("/metrics lacks %s", names[i]);
+    resp_free(&r);
+}
+
+static void test_completion_equals_run(void **state)
+{
+    (void)state;
+    json_t *j = post_ok(g_main.port, "/v1/completions",
+                        "{\"model\":\"stories\",\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0}");
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "text_completion");
+    assert_true(strncmp(json_string_value(json_object_get(j, "id")), "cmpl-", 5) == 0);
+    assert_non_null(json_object_get(j, "created"));
+    assert_non_null(json_object_get(j, "system_fingerprint"));
+    assert_string_equal(json_string_value(json_object_get(j, "model")), "stories");
+    const char *text = choice_text(j, 0);
+    assert_true(strlen(text) > 20);
+    assert_int_equal(usage_field(j, "completion_tokens"), 40);
+    assert_int_equal(usage_field(j, "total_tokens"), usage_field(j, "prompt_tokens") + 40);
+    char args[1024];
+    int st;
+    snprintf(args, sizeof args, "run -m '%s' -p 'Once upon a time' -n 40 --temp 0", g_model);
+    char *out = run_capture(args, &st);
+    assert_int_equal(st, 0);
+    char *want = malloc(strlen(text) + 64);
+    sprintf(want, "Once upon a time%s\n", text);
+    assert_string_equal(out, want);
+    free(want);
+    free(out);
+    json_decref(j);
+}
+
+/* Renders messages exactly as the server must (the model's BOS/EOS texts). */
+static char *render(json_t *messages)
+{
+    blade_error err = {{0}};
+    blade_model *m = blade_model_load(g_model, &err);
+    assert_non_null(m);
+    blade_template *t = blade_template_parse(g_template_source, strlen(g_template_source), &err);
+    assert_non_null(t);
+    char *out = NULL;
+    size_t len = 0;
+    const blade_tokenizer *tok = m->tokenizer;
+    assert_int_equal(blade_template_render_chat(t, messages, true,
+                                                blade_tokenizer_token_text(tok, blade_tokenizer_bos(tok)),
+                                                blade_tokenizer_token_text(tok, blade_tokenizer_eos(tok)), &out, &len,
+                                                &err),
+                     0);
+    blade_template_free(t);
+    blade_model_free(m);
+    return out;
+}
+
+static void test_chat_equals_run_and_caches_prefix(void **state)
+{
+    (void)state;
+    const char *system = "You are a storyteller. You tell short, happy stories about a little dog, a cat and "
+                         "a bird who live in a big green park.";
+    char body[2048];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},{\"role\":\"user\",\"content\":[{\"type\":"
+             "\"text\",\"text\":\"Tell me about the dog.\"}]}],\"max_completion_tokens\":30,\"temperature\":0}",
+             system);
+    json_t *j = post_ok(g_main.port, "/v1/chat/completions", body);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
+    json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "role")), "assistant");
+    const char *text = choice_text(j, 0);
+
+    json_t *messages = json_pack("[{s:s, s:s}, {s:s, s:s}]", "role", "system", "content", system, "role", "user",
+                                 "content", "Tell me about the dog.");
+    char *rendered = render(messages);
+    json_decref(messages);
+    char *prompt_file = temp_path("server-chat-prompt.txt");
+    write_file(prompt_file, rendered, strlen(rendered));
+    char args[1024];
+    int st;
+    long long n_gen = usage_field(j, "completion_tokens");
+    snprintf(args, sizeof args, "run -m '%s' -f '%s' --parse-special --no-bos -n %lld --temp 0", g_model, prompt_file,
+             n_gen);
+    char *full = run_capture(args, &st);
+    assert_int_equal(st, 0);
+    /* `blade run` prints the prompt as given, the continuation and a newline. */
+    char *want = malloc(strlen(rendered) + strlen(text) + 2);
+    sprintf(want, "%s%s\n", rendered, text);
+    assert_string_equal(full, want);
+    free(want);
+    free(full);
+    free(prompt_file);
+    free(rendered);
+
+    /* the same system prompt again: its full blocks come from the prefix cache */
+    json_t *first_usage = json_object_get(j, "usage");
+    assert_non_null(json_object_get(json_object_get(first_usage, "prompt_tokens_details"), "cached_tokens"));
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},{\"role\":\"user\",\"content\":\"And the "
+             "cat?\"}],\"max_tokens\":5,\"temperature\":0}",
+             system);
+    json_t *j2 = post_ok(g_main.port, "/v1/chat/completions", body);
+    long long cached = json_integer_value(
+        json_object_get(json_object_get(json_object_get(j2, "usage"), "prompt_tokens_details"), "cached_tokens"));
+    assert_true(cached >= 16);
+    assert_true(cached < usage_field(j2, "prompt_tokens"));
+    json_decref(j2);
+    json_decref(j);
+}
+
+/* Splits an SSE body into its data payloads. */
+static int sse_events(const char *body, json_t **events, int cap, bool *done)
+{
+    int n = 0;
+    *done = false;
+    const char *p = body;
+    while ((p = strstr(p, "data: ")) != NULL) {
+        p += 6;
+        const char *end = strstr(p, "\n\n");
+        assert_non_null(end);
+        if (!strncmp(p, "[DONE]", 6)) {
+            *done = true;
+            assert_string_equal(end + 2, "");
+            break;
+        }
+        json_error_t e;
+        json_t *j = json_loadb(p, (size_t)(end - p), 0, &e);
+        if (!j)
+            fail_msg("bad SSE payload: %.*s", (int)(end - p), p);
+        assert_true(n < cap);
+        events[n++] = j;
+        p = end + 2;
+    }
+    return n;
+}
+
+static void test_streaming(void **state)
+{
+    (void)state;
+    json_t *plain = post_ok(g_main.port, "/v1/completions",
+                            "{\"prompt\":\"The cat\",\"max_tokens\":30,\"temperature\":0}");
+    resp r;
+    post(g_main.port, "/v1/completions",
+         "{\"prompt\":\"The cat\",\"max_tokens\":30,\"temperature\":0,\"stream\":true,"
+         "\"stream_options\":{\"include_usage\":true}}",
+         &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strcasestr(r.raw, "Content-Type: text/event-stream"));
+    json_t *ev[128];
+    bool done;
+    int n = sse_events(r.body, ev, 128, &done);
+    assert_true(done);
+    assert_true(n >= 3);
+    char text[4096] = "";
+    for (int i = 0; i < n - 2; i++) {
+        assert_string_equal(json_string_value(json_object_get(ev[i], "object")), "text_completion");
+        json_t *c = json_array_get(json_object_get(ev[i], "choices"), 0);
+        strcat(text, json_string_value(json_object_get(c, "text")));
+        assert_true(json_is_null(json_object_get(c, "finish_reason")));
+    }
+    json_t *last = json_array_get(json_object_get(ev[n - 2], "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(last, "finish_reason")), "length");
+    assert_int_equal(json_array_size(json_object_get(ev[n - 1], "choices")), 0);
+    assert_int_equal(usage_field(ev[n - 1], "completion_tokens"), 30);
+    assert_string_equal(text, choice_text(plain, 0));
+    for (int i = 0; i < n; i++)
+        json_decref(ev[i]);
+    resp_free(&r);
+    json_decref(plain);
+
+    post(g_main.port, "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":8,\"stream\":true,\"seed\":1}", &r);
+    assert_int_equal(r.status, 200);
+    n = sse_events(r.body, ev, 128, &done);
+    assert_true(done);
+    json_t *d0 = json_object_get(json_array_get(json_object_get(ev[0], "choices"), 0), "delta");
+    assert_string_equal(json_string_value(json_object_get(d0, "role")), "assistant");
+    assert_string_equal(json_string_value(json_object_get(ev[0], "object")), "chat.completion.chunk");
+    json_t *fin = json_array_get(json_object_get(ev[n - 1], "choices"), 0);
+    assert_non_null(json_string_value(json_object_get(fin, "finish_reason")));
+    assert_null(json_object_get(ev[n - 1], "usage"));
+    for (int i = 0; i < n; i++)
+        json_decref(ev[i]);
+    resp_free(&r);
+}
+
+static void test_n_seed_stop_logprobs(void **state)
+{
+    (void)state;
+    const char *body = "{\"prompt\":[\"Once upon a time\",\"The dog\"],\"n\":3,\"max_tokens\":12,\"seed\":42,"
+                       "\"temperature\":1.0}";
+    json_t *a = post_ok(g_main.port, "/v1/completions", body);
+    json_t *b = post_ok(g_main.port, "/v1/completions", body);
+    assert_int_equal(json_array_size(json_object_get(a, "choices")), 6);
+    for (size_t i = 0; i < 6; i++) {
+        json_t *c = json_array_get(json_object_get(a, "choices"), i);
+        assert_int_equal(json_integer_value(json_object_get(c, "index")), (json_int_t)i);
+        assert_string_equal(choice_text(a, i), choice_text(b, i));
+    }
+    /* the choices of one prompt sample differently */
+    assert_true(strcmp(choice_text(a, 0), choice_text(a, 1)) || strcmp(choice_text(a, 1), choice_text(a, 2)));
+    json_decref(a);
+    json_decref(b);
+
+    json_t *s = post_ok(g_main.port, "/v1/completions",
+                        "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0,\"stop\":[\"Lily\"]}");
+    json_t *c = json_array_get(json_object_get(s, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "stop");
+    assert_null(strstr(choice_text(s, 0), "Lily"));
+    json_decref(s);
+
+    json_t *l = post_ok(g_main.port, "/v1/completions",
+                        "{\"prompt\":\"Once upon a time\",\"max_tokens\":5,\"temperature\":0,\"logprobs\":3}");
+    json_t *lp = json_object_get(json_array_get(json_object_get(l, "choices"), 0), "logprobs");
+    assert_int_equal(json_array_size(json_object_get(lp, "tokens")), 5);
+    assert_int_equal(json_array_size(json_object_get(lp, "token_logprobs")), 5);
+    assert_int_equal(json_array_size(json_object_get(lp, "text_offset")), 5);
+    json_t *top0 = json_array_get(json_object_get(lp, "top_logprobs"), 0);
+    assert_true(json_object_size(top0) >= 3);
+    assert_true(json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), 0)) <= 0);
+    json_decref(l);
+
+    json_t *cl = post_ok(g_main.port, "/v1/chat/completions",
+                         "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":4,\"temperature\":0,"
+                         "\"ignore_eos\":true,\"logprobs\":true,\"top_logprobs\":2}");
+    json_t *content =
+        json_object_get(json_object_get(json_array_get(json_object_get(cl, "choices"), 0), "logprobs"), "content");
+    assert_int_equal(json_array_size(content), 4);
+    json_t *e0 = json_array_get(content, 0);
+    assert_true(json_is_string(json_object_get(e0, "token")));
+    assert_true(json_is_array(json_object_get(e0, "bytes")));
+    assert_int_equal(json_array_size(json_object_get(e0, "top_logprobs")), 2);
+    json_decref(cl);
+}
+
+typedef struct bad_case {
+    const char *method, *path, *body, *headers;
+    bool no_auth;
+    int status;
+    const char *needle; /* in the error message */
+} bad_case;
+
+static char *repeat_json(const char *head, const char *unit, int count, const char *sep, const char *tail)
+{
+    size_t cap = strlen(head) + (strlen(unit) + strlen(sep)) * (size_t)count + strlen(tail) + 1;
+    char *s = malloc(cap);
+    strcpy(s, head);
+    char *p = s + strlen(s);
+    for (int i = 0; i < count; i++) {
+        p = stpcpy(p, unit);
+        if (i + 1 < count)
+            p = stpcpy(p, sep);
+    }
+    strcpy(p, tail);
+    return s;
+}
+
+static void check_bad(const bad_case *c, int i)
+{
+    resp r;
+    const char *body = c->body ? c->body : "";
+    http_ex(g_main.port, c->method, c->path, c->headers, body, strlen(body), !c->no_auth, &r);
+    if (r.status != c->status)
+        fail_msg("case %d (%s %s %.80s): status %d, want %d: %.300s", i, c->method, c->path, body, r.status, c->status,
+                 r.body);
+    if (c->status != 200) {
+        json_t *j = body_json(&r);
+        const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+        if (!msg || !json_object_get(json_object_get(j, "error"), "type"))
+            fail_msg("case %d: no OpenAI error object: %s", i, r.body);
+        if (c->needle && !strstr(msg, c->needle))
+            fail_msg("case %d: message '%s' lacks '%s'", i, msg, c->needle);
+        json_decref(j);
+    }
+    resp_free(&r);
+}
+
+static void test_bad_inputs(void **state)
+{
+    (void)state;
+    const char *C = "/v1/completions", *H = "/v1/chat/completions";
+    char *many_stops = repeat_json("{\"prompt\":\"a\",\"stop\":[", "\"x\"", 5000, ",", "]}");
+    char *long_stop = repeat_json("{\"prompt\":\"a\",\"stop\":\"", "y", 1000, "", "\"}");
+    char *deep = repeat_json("", "[", 100000, "", "");
+    char *huge_prompt = repeat_json("{\"prompt\":\"", "word ", 180000, "", "\"}");
+    char *huge_tokens = repeat_json("{\"prompt\":[", "1", 3000, ",", "]}");
+    char *many_prompts = repeat_json("{\"prompt\":[", "\"a\"", 100, ",", "]}");
+    char *many_choices = repeat_json("{\"n\":16,\"prompt\":[", "\"a\"", 20, ",", "]}");
+    const bad_case cases[] = {
+        {"POST", C, "{", NULL, false, 400, "not valid JSON"},
+        {"POST", C, "{\"prompt\": \"abc", NULL, false, 400, "not valid JSON"},
+        {"POST", C, "", NULL, false, 400, "empty"},
+        {"POST", C, "[]", NULL, false, 400, "JSON object"},
+        {"POST", C, "null", NULL, false, 400, NULL},
+        {"POST", C, "\"prompt\"", NULL, false, 400, "JSON object, got a string"},
+        {"POST", C, "{}", NULL, false, 400, "'prompt' is required"},
+        {"POST", C, "{\"prompt\":42}", NULL, false, 400, "'prompt' must be"},
+        {"POST", C, "{\"prompt\":[]}", NULL, false, 400, "empty array"},
+        {"POST", C, "{\"prompt\":[\"a\",1]}", NULL, false, 400, "prompt[1]"},
+        {"POST", C, "{\"prompt\":[99999]}", NULL, false, 400, "prompt[0]"},
+        {"POST", C, "{\"prompt\":[-1]}", NULL, false, 400, "prompt[0]"},
+        {"POST", C, "{\"prompt\":[[1,2],[]]}", NULL, false, 400, "empty token array"},
+        {"POST", C, "{\"prompt\":\"a\",\"max_tokens\":\"ten\"}", NULL, false, 400, "'max_tokens' must be an integer"},
+        {"POST", C, "{\"prompt\":\"a\",\"max_tokens\":-5}", NULL, false, 400, "'max_tokens' must be between"},
+        {"POST", C, "{\"prompt\":\"a\",\"max_tokens\":0}", NULL, false, 400, "max_tokens"},
+        {"POST", C, "{\"prompt\":\"a\",\"max_tokens\":1e30}", NULL, false, 400, "max_tokens"},
+        {"POST", C, "{\"prompt\":\"a\",\"max_tokens\":2.5}", NULL, false, 400, "integer"},
+        {"POST", C, "{\"prompt\":\"a\",\"max_tokens\":5000}", NULL, false, 400, "maximum context length is 2048"},
+        {"POST", C, "{\"prompt\":\"a\",\"max_tokens\":99999999999999999999999}", NULL, false, 400, "not valid JSON"},
+        {"POST", C, "{\"prompt\":\"a\",\"temperature\":3}", NULL, false, 400, "'temperature' must be between 0 and 2"},
+        {"POST", C, "{\"prompt\":\"a\",\"temperature\":-1}", NULL, false, 400, "temperature"},
+        {"POST", C, "{\"prompt\":\"a\",\"temperature\":\"hot\"}", NULL, false, 400, "'temperature' must be a number"},
+        {"POST", C, "{\"prompt\":\"a\",\"temperature\":NaN}", NULL, false, 400, "not valid JSON"},
+        {"POST", C, "{\"prompt\":\"a\",\"top_p\":1.5}", NULL, false, 400, "top_p"},
+        {"POST", C, "{\"prompt\":\"a\",\"n\":0}", NULL, false, 400, "'n' must be between 1 and 16"},
+        {"POST", C, "{\"prompt\":\"a\",\"n\":1000}", NULL, false, 400, "'n'"},
+        {"POST", C, "{\"prompt\":\"a\",\"presence_penalty\":5}", NULL, false, 400, "presence_penalty"},
+        {"POST", C, "{\"prompt\":\"a\",\"frequency_penalty\":[]}", NULL, false, 400, "frequency_penalty"},
+        {"POST", C, "{\"prompt\":\"a\",\"repetition_penalty\":0}", NULL, false, 400, "repetition_penalty"},
+        {"POST", C, "{\"prompt\":\"a\",\"seed\":\"abc\"}", NULL, false, 400, "'seed' must be an integer"},
+        {"POST", C, many_stops, NULL, false, 400, "at most 16"},
+        {"POST", C, long_stop, NULL, false, 400, "1 to 256 bytes"},
+        {"POST", C, "{\"prompt\":\"a\",\"stop\":[1,2]}", NULL, false, 400, "'stop[0]' must be a string"},
+        {"POST", C, "{\"prompt\":\"a\",\"stop\":{}}", NULL, false, 400, "'stop' must be"},
+        {"POST", C, "{\"prompt\":\"a\",\"logprobs\":10}", NULL, false, 400, "'logprobs'"},
+        {"POST", C, "{\"prompt\":\"a\",\"logprobs\":true}", NULL, false, 400, "not a boolean"},
+        {"POST", C, "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":1}", NULL, false, 400, "echo"},
+        {"POST", C, "{\"prompt\":\"a\",\"stream\":\"yes\"}", NULL, false, 400, "'stream' must be a boolean"},
+        {"POST", C, "{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":true}}", NULL, false, 400,
+         "only allowed when 'stream' is true"},
+        {"POST", C, "{\"prompt\":\"a\",\"priority\":\"urgent\"}", NULL, false, 400, "priority"},
+        {"POST", C, "{\"prompt\":\"a\",\"cache_salt\":123}", NULL, false, 400, "cache_salt"},
+        {"POST", C, "{\"prompt\":\"a\",\"logit_bias\":{\"1\":5}}", NULL, false, 400, "logit_bias"},
+        {"POST", C, "{\"prompt\":\"a\",\"suffix\":\"zzz\"}", NULL, false, 400, "suffix"},
+        {"POST", C, "{\"prompt\":\"a\",\"prompt\":\"b\"}", NULL, false, 400, "duplicate"},
+        {"POST", C, "{\"prompt\":\"a\\u0000b\"}", NULL, false, 400, "not valid JSON"},
+        {"POST", C, "{\"prompt\":\"\xff\xfe\"}", NULL, false, 400, "not valid JSON"},
+        {"POST", C, "{\"prompt\":\"\xc3\x28\"}", NULL, false, 400, "not valid JSON"},
+        {"POST", C, deep, NULL, false, 400, "depth"},
+        {"POST", C, huge_prompt, NULL, false, 400, "maximum context length is 2048"},
+        {"POST", C, huge_tokens, NULL, false, 400, "maximum context length is 2048"},
+        {"POST", C, many_prompts, NULL, false, 400, "at most 64"},
+        {"POST", C, many_choices, NULL, false, 400, "choices"},
+        {"POST", C, "{\"prompt\":\"a\",\"model\":\"gpt-4\"}", NULL, false, 404, "does not exist"},
+        {"POST", C, "{\"prompt\":\"a\",\"model\":7}", NULL, false, 400, "'model' must be a string"},
+        {"POST", C, "{\"prompt\":\"a\",\"max_tokens\":2}", NULL, true, 401, "API key"},
+        {"POST", C, "{\"prompt\":\"a\",\"max_tokens\":2}", "Authorization: Bearer wrong", true, 401, "Incorrect"},
+        {"POST", C, "{\"prompt\":\"a\",\"max_tokens\":2}", "Authorization: Basic dXNlcjpwYXNz", true, 401, "Bearer"},
+        {"GET", C, NULL, NULL, false, 405, "not allowed"},
+        {"DELETE", H, NULL, NULL, false, 405, "not allowed"},
+        {"POST", "/v1/models", "{}", NULL, false, 405, "use GET"},
+        {"POST", "/v2/completions", "{}", NULL, false, 404, "Unknown request URL"},
+        {"GET", "/v1/models/gpt-4", NULL, NULL, false, 404, "does not exist"},
+        {"POST", H, "{}", NULL, false, 400, "'messages' is required"},
+        {"POST", H, "{\"messages\":[]}", NULL, false, 400, "at least one message"},
+        {"POST", H, "{\"messages\":\"hi\"}", NULL, false, 400, "'messages' must be an array"},
+        {"POST", H, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", NULL, false, 400, "wizard"},
+        {"POST", H, "{\"messages\":[{\"content\":\"x\"}]}", NULL, false, 400, "role"},
+        {"POST", H, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", NULL, false, 400, "content"},
+        {"POST", H, "{\"messages\":[{\"role\":\"user\"}]}", NULL, false, 400, "is required"},
+        {"POST", H,
+         "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}",
+         NULL, false, 400, "only text parts"},
+        {"POST", H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", NULL, false, 400,
+         "needs 'logprobs': true"},
+        {"POST", H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":50}",
+         NULL, false, 400, "top_logprobs"},
+        {"POST", H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}",
+         NULL, false, 400, "tool"},
+        {"POST", C, "{\"prompt\":\"a\",\"max_tokens\":2,\"temperature\":0,\"unknown\":{\"x\":[1,2]},\"foo\":null}", NULL,
+         false, 200, NULL},
+    };
+    int n = (int)(sizeof cases / sizeof cases[0]);
+    assert_true(n >= 40);
+    for (int i = 0; i < n; i++)
+        check_bad(&cases[i], i);
+    free(many_stops);
+    free(long_stop);
+    free(deep);
+    free(huge_prompt);
+    free(huge_tokens);
+    free(many_prompts);
+    free(many_choices);
+
+    resp r;
+    /* a body announced as over the limit is refused before it is sent */
+    char head[512];
+    snprintf(head, sizeof head,
+             "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " API_KEY
+             "\r\nContent-Length: 10485760\r\n\r\n");
+    http_raw(g_main.port, head, strlen(head), &r);
+    assert_int_equal(r.status, 413);
+    assert_non_null(strstr(r.body, "--max-body"));
+    resp_free(&r);
+
+    /* a chunked upload that runs past the limit is answered 413 too */
+    size_t big = (size_t)9 << 20;
+    char *chunked = malloc(big + 4096);
+    int hl = sprintf(chunked, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " API_KEY
+                              "\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
+    size_t pos = (size_t)hl;
+    for (size_t sent = 0; sent < big; sent += 65536) {
+        pos += (size_t)sprintf(chunked + pos, "10000\r\n");
+        memset(chunked + pos, 'a', 65536);
+        pos += 65536;
+        pos += (size_t)sprintf(chunked + pos, "\r\n");
+    }
+    pos += (size_t)sprintf(chunked + pos, "0\r\n\r\n");
+    http_raw(g_main.port, chunked, pos, &r);
+    free(chunked);
+    assert_int_equal(r.status, 413);
+    resp_free(&r);
+
+    /* a body cut short by a client that goes away gets no answer and harms nothing */
+    int fd = dial(g_main.port);
+    snprintf(head, sizeof head,
+             "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " API_KEY
+             "\r\nContent-Length: 100\r\n\r\n{\"prompt\":");
+    send_all(fd, head, strlen(head));
+    close(fd);
+    /* nor does garbage that is not HTTP */
+    http_raw(g_main.port, "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n", 22, &r);
+    assert_true(r.status == 0 || r.status == 400);
+    resp_free(&r);
+
+    http_ex(g_main.port, "GET", "/health", NULL, NULL, 0, false, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    json_t *ok = post_ok(g_main.port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":3}");
+    assert_int_equal(usage_field(ok, "completion_tokens"), 3);
+    json_decref(ok);
+}
+
+/* Twenty streaming clients leave mid-stream: every request is aborted, and every KV block
+ * is back in the pool within moments, long before the requests could have finished. */
+static void test_disconnects_free_blocks(void **state)
+{
+    (void)state;
+    enum { N = 20 };
+    long long gone_before = metric(g_main.port, "blade:http_requests_total{status=\"499\"}");
+    if (gone_before < 0)
+        gone_before = 0;
+    long long tokens_before = metric(g_main.port, "blade:generation_tokens_total");
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":1900,\"ignore_eos\":true,\"stream\":true}";
+    char head[1024];
+    build_request(head, sizeof head, "POST", "/v1/completions", NULL, strlen(body), true);
+    int fds[N];
+    for (int i = 0; i < N; i++) {
+        fds[i] = dial(g_main.port);
+        assert_true(send_all(fds[i], head, strlen(head)));
+        assert_true(send_all(fds[i], body, strlen(body)));
+    }
+    for (int i = 0; i < N; i++) {
+        /* wait for two events: the stream is under way */
+        char buf[65536];
+        size_t n = 0;
+        int seen = 0;
+        while (seen < 2 && n < sizeof buf - 1) {
+            ssize_t r = recv(fds[i], buf + n, sizeof buf - 1 - n, 0);
+            assert_true(r > 0);
+            n += (size_t)r;
+            buf[n] = 0;
+            seen = 0;
+            for (const char *p = buf; (p = strstr(p, "data: ")); p += 6)
+                seen++;
+        }
+    }
+    assert_true(metric(g_main.port, "blade:num_requests_running") > 0);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    double until = mono() + 10;
+    long long used = -1, running = -1;
+    while (mono() < until) {
+        used = metric(g_main.port, "blade:kv_blocks_used");
+        running = metric(g_main.port, "blade:num_requests_running");
+        if (used == 0 && running == 0)
+            break;
+        usleep(50000);
+    }
+    assert_int_equal(used, 0);
+    assert_int_equal(running, 0);
+    /* had they run on, the blocks would only be free after N x 1900 tokens */
+    long long generated = metric(g_main.port, "blade:generation_tokens_total") - tokens_before;
+    if (generated > N * 1900 / 2)
+        fail_msg("%lld tokens were generated for the %d dropped streams: they were not aborted", generated, N);
+    until = mono() + 10;
+    while (metric(g_main.port, "blade:http_requests_total{status=\"499\"}") < gone_before + N && mono() < until)
+        usleep(50000);
+    assert_true(metric(g_main.port, "blade:http_requests_total{status=\"499\"}") >= gone_before + N);
+}
+
+/* The queue limit (429), the time limit (504) outlasting a shorter idle timeout, and a model
+ * without a chat template (400). */
+static void test_limits(void **state)
+{
+    (void)state;
+    srv *s = &g_extra;
+    srv_start(s, "--max-queue 2 --max-seqs 1 --timeout 3 --idle-timeout 1");
+    /* sixteen choices of 2000 tokens, one sequence at a time: far longer than the timeout */
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2000,\"n\":16,\"ignore_eos\":true}";
+    char head[1024];
+    build_request(head, sizeof head, "POST", "/v1/completions", NULL, strlen(body), false);
+    /* the first runs (its other 15 choices wait behind it), then two more wait whole */
+    int fds[3];
+    for (int i = 0; i < 3; i++) {
+        fds[i] = dial(s->port);
+        send_all(fds[i], head, strlen(head));
+        send_all(fds[i], body, strlen(body));
+        double until = mono() + 5;
+        while (metric(s->port, "blade:num_requests_waiting") < 15 + i && mono() < until)
+            usleep(5000);
+    }
+    resp r;
+    post(s->port, "/v1/completions", body, &r);
+    assert_int_equal(r.status, 429);
+    assert_non_null(strstr(r.body, "--max-queue"));
+    resp_free(&r);
+    for (int i = 0; i < 3; i++) {
+        size_t n;
+        char *raw = recv_all(fds[i], &n);
+        close(fds[i]);
+        parse_resp(raw, n, &r);
+        assert_int_equal(r.status, 504);
+        assert_non_null(strstr(r.body, "--timeout"));
+        resp_free(&r);
+    }
+    post(s->port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &r);
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.body, "no chat template"));
+    resp_free(&r);
+    json_t *ok = post_ok(s->port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":2}");
+    json_decref(ok);
+    assert_int_equal(srv_stop(s), 0);
+}
+
+/* SIGTERM while a stream runs: health and new requests get 503, the stream still ends
+ * normally, and the server exits 0. */
+static void test_drain(void **state)
+{
+    (void)state;
+    srv *s = &g_extra;
+    srv_start(s, "--drain-timeout 120");
+    /* eight choices of 2000 tokens: still running when the health check comes */
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2000,\"n\":8,\"ignore_eos\":true,\"stream\":true}";
+    char head[1024];
+    build_request(head, sizeof head, "POST", "/v1/completions", NULL, strlen(body), false);
+    int fd = dial(s->port);
+    send_all(fd, head, strlen(head));
+    send_all(fd, body, strlen(body));
+    char first[4096];
+    ssize_t got = recv(fd, first, sizeof first, 0);
+    assert_true(got > 0);
+    kill(s->pid, SIGTERM);
+    resp r;
+    double until = mono() + 10;
+    do {
+        http_ex(s->port, "GET", "/health", NULL, NULL, 0, false, &r);
+        if (r.status == 503)
+            break;
+        resp_free(&r);
+        usleep(20000);
+    } while (mono() < until);
+    assert_int_equal(r.status, 503);
+    assert_non_null(strstr(r.body, "draining"));
+    resp_free(&r);
+    post(s->port, "/v1/completions", "{\"prompt\":\"a\"}", &r);
+    assert_int_equal(r.status, 503);
+    assert_non_null(strstr(r.body, "shutting down"));
+    resp_free(&r);
+    size_t n;
+    char *rest = recv_all(fd, &n);
+    close(fd);
+    char *all = malloc((size_t)got + n + 1);
+    memcpy(all, first, (size_t)got);
+    memcpy(all + got, rest, n + 1);
+    free(rest);
+    parse_resp(all, (size_t)got + n, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"finish_reason\":\"length\""));
+    assert_non_null(strstr(r.body, "data: [DONE]\n\n"));
+    resp_free(&r);
+    int status;
+    assert_int_equal(waitpid(s->pid, &status, 0), s->pid);
+    fclose(s->out);
+    s->pid = 0;
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_health_models_metrics),
+        cmocka_unit_test(test_completion_equals_run),
+        cmocka_unit_test(test_chat_equals_run_and_caches_prefix),
+        cmocka_unit_test(test_streaming),
+        cmocka_unit_test(test_n_seed_stop_logprobs),
+        cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_disconnects_free_blocks),
+        cmocka_unit_test_teardown(test_limits, stop_extra),
+        cmocka_unit_test_teardown(test_drain, stop_extra),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
