@@ -913,9 +913,19 @@ static void test_drain(void **state)
 {
     (void)state;
     srv *s = &g_extra;
-    srv_start(s, "--drain-timeout 120");
-    /* eight choices of 2000 tokens: still running when the health check comes */
-    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2000,\"n\":8,\"ignore_eos\":true,\"stream\":true}";
+    srv_start(s, "--drain-timeout 120 --max-seqs 1");
+    /* The stream must outlast the health check on a fast machine and end well within the
+     * drain timeout on a slow one (sanitizers): one sequence at a time makes its length
+     * predictable from a measured rate, and it is sized to about two seconds. */
+    double t = mono();
+    json_t *probe = post_ok(s->port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":200,\"ignore_eos\":true}");
+    json_decref(probe);
+    double rate = 200 / (mono() - t);
+    int total = rate * 2 < 400 ? 400 : rate * 2 > 32000 ? 32000 : (int)(rate * 2);
+    int choices = (total + 1999) / 2000;
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\":\"Once\",\"max_tokens\":%d,\"n\":%d,\"ignore_eos\":true,\"stream\":true}",
+             (total + choices - 1) / choices, choices);
     char head[1024];
     build_request(head, sizeof head, "POST", "/v1/completions", NULL, strlen(body), false);
     int fd = dial(s->port);
