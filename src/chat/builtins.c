@@ -2,6 +2,7 @@
  * dict, raise_exception, strftime_now) and the Python methods of str, dict and the loop
  * object that templates use as if they were Python. Behaviour follows Jinja and CPython,
  * including their quirks, since the output must match the reference byte for byte. */
+#include "common/utf8.h"
 #include "chat/jinja.h"
 
 #include <errno.h>
@@ -214,7 +215,7 @@ static bool change_case(jrun *R, const tv_str *s, int mode, tv *out)
                 ok = tmpl_sb_put(R, &b, s->s + i, n);
             } else {
                 char enc[4];
-                ok = tmpl_sb_put(R, &b, enc, tmpl_utf8_encode(m, enc));
+                ok = tmpl_sb_put(R, &b, enc, blade_utf8_encode(m, enc));
             }
         }
         i += n;
@@ -912,7 +913,7 @@ static bool fmt_one(jrun *R, strbuf *b, tv v, char conv, const char *flags, int6
             int64_t cp = tv_intval(v);
             if (cp < 0 || cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000))
                 return tmpl_fail(R, "%%c arg not in range(0x110000)");
-            n = tmpl_utf8_encode((uint32_t)cp, enc);
+            n = blade_utf8_encode((uint32_t)cp, enc);
         } else if (v.kind == TV_STR && tmpl_str_ncp(R, tv_s(v)) == 1) {
             n = tv_s(v)->len;
             memcpy(enc, tv_s(v)->s, n);

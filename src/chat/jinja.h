@@ -536,7 +536,6 @@ bool tv_write_json(jrun *R, strbuf *b, tv v, const json_opts *o, int level);
 
 /* UTF-8 and Python character classes */
 size_t tmpl_utf8_decode(const char *s, size_t len, uint32_t *cp); /* bytes used, >= 1 */
-size_t tmpl_utf8_encode(uint32_t cp, char *out);
 bool tmpl_py_isspace(uint32_t cp);
 uint32_t tmpl_uni_upper(uint32_t cp);
 uint32_t tmpl_uni_lower(uint32_t cp);

@@ -2,6 +2,7 @@
  * trim_blocks (a block or comment tag eats the newline after it), lstrip_blocks (spaces
  * before a block or comment tag at the start of a line are dropped), `-` on either side of
  * a tag strips all whitespace on that side, `+` disables the block rules for one tag. */
+#include "common/utf8.h"
 #include "chat/jinja.h"
 
 #include <stdio.h>
@@ -207,7 +208,7 @@ static int lex_string(lexer *lx)
             }
             if (cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000))
                 return lex_fail(lx, "escape in string literal is not a valid character%s", "");
-            o += tmpl_utf8_encode(cp, buf + o);
+            o += blade_utf8_encode(cp, buf + o);
             continue;
         }
         case 'N': return lex_fail(lx, "\\N{...} escapes are not supported%s", "");
@@ -216,7 +217,7 @@ static int lex_string(lexer *lx)
                 cp = (uint32_t)(c - '0');
                 for (int k = 0; k < 2 && i < n && s[i] >= '0' && s[i] <= '7'; k++)
                     cp = cp * 8 + (uint32_t)(s[i++] - '0');
-                o += tmpl_utf8_encode(cp, buf + o);
+                o += blade_utf8_encode(cp, buf + o);
                 continue;
             }
             /* Python keeps unknown escapes as written. */

@@ -298,7 +298,7 @@ int cmd_bench_engine(int argc, char **argv)
     int c, rc = 2;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:w:t:c:h", longopts, NULL)) != -1) {
-        int handled = cli_engine_option(&o, c == 't' ? OPT_THREADS : c == 'c' ? OPT_CTX_SIZE : c, optarg);
+        int handled = cli_engine_option(&o, c, optarg);
         if (handled < 0)
             goto out;
         if (handled)

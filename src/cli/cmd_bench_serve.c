@@ -890,7 +890,7 @@ int cmd_bench_ablation(int argc, char **argv)
     int c, status = 2;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:t:c:h", longopts, NULL)) != -1) {
-        int code = c == 't' ? OPT_THREADS : c == 'c' ? OPT_CTX_SIZE : c;
+        int code = c == 't' ? OPT_THREADS : c == 'c' ? OPT_CTX_SIZE : c; /* the long name is passed on to serve */
         int handled = load_option(&o, code, optarg);
         if (handled < 0)
             goto out_opts;

@@ -106,7 +106,7 @@ static int parse_with(int argc, char **argv, run_options *o, const struct option
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:f:n:c:t:h", longopts, NULL)) != -1) {
-        int handled = cli_engine_option(&o->engine, c == 't' ? OPT_THREADS : c == 'c' ? OPT_CTX_SIZE : c, optarg);
+        int handled = cli_engine_option(&o->engine, c, optarg);
         if (handled < 0)
             return 2;
         if (handled)

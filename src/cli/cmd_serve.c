@@ -119,7 +119,7 @@ int cmd_serve(int argc, char **argv)
     int c, rc = 2;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:t:c:h", longopts, NULL)) != -1) {
-        int handled = cli_engine_option(&eo, c == 't' ? OPT_THREADS : c == 'c' ? OPT_CTX_SIZE : c, optarg);
+        int handled = cli_engine_option(&eo, c, optarg);
         if (handled < 0)
             goto out;
         if (handled)

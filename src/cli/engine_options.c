@@ -97,6 +97,8 @@ int cli_engine_option(cli_engine_options *o, int code, const char *arg)
     long long n;
     blade_engine_config *c = &o->cfg;
     switch (code) {
+    case 't': return cli_engine_option(o, OPT_THREADS, arg);
+    case 'c': return cli_engine_option(o, OPT_CTX_SIZE, arg);
     case OPT_KV_MEM: return parse_kv_mem(o, arg) ? -1 : 1;
     case OPT_BLOCK_SIZE:
         if (!cli_parse_int("--block-size", arg, 1, 1024, &n))

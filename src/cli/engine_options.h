@@ -10,8 +10,8 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-/* getopt codes of the engine flags start here; commands keep their own below it. A
- * command mapping -t / -c passes OPT_THREADS / OPT_CTX_SIZE to cli_engine_option. */
+/* getopt codes of the engine flags start here; commands keep their own below it. The
+ * short forms -t and -c (threads, context) are handled as well when a command lists them. */
 #define CLI_ENGINE_OPT_BASE 1000
 enum cli_engine_opt {
     OPT_KV_MEM = CLI_ENGINE_OPT_BASE,

@@ -1,3 +1,4 @@
+#include "common/utf8.h"
 #include "tokenizer/tokenizer_internal.h"
 
 #include <stdlib.h>
@@ -155,7 +156,7 @@ static int bpe_word(void *ctx, const char *word, size_t len)
             return -1;
         size_t n = 0;
         for (size_t i = 0; i < len; i++)
-            n += utf8_encode(t->byte_cp[(unsigned char)word[i]], c->spelled + n);
+            n += blade_utf8_encode(t->byte_cp[(unsigned char)word[i]], c->spelled + n);
         int32_t id = vocab_lookup(t, c->spelled, n);
         if (id >= 0 && vocab_mergeable(t, id))
             return tok_list_push(c->out, id, c->err);

@@ -114,7 +114,6 @@ size_t utf8_char_len(const unsigned char *s, size_t n);
 /* For a lead byte: the sequence length (0 if c cannot start one) and the allowed range of
  * the second byte, which is narrower than 80..BF for E0, ED, F0 and F4. */
 size_t utf8_lead(unsigned char c, unsigned char *lo, unsigned char *hi);
-size_t utf8_encode(uint32_t cp, char *out);
 
 /* Exact lookup of a vocabulary text; -1 when absent. */
 int32_t vocab_lookup(const blade_tokenizer *t, const char *s, size_t len);

@@ -1,3 +1,4 @@
+#include "common/utf8.h"
 #include "tokenizer/tokenizer_internal.h"
 
 #include <math.h>
@@ -223,7 +224,7 @@ static void find_byte_tokens(blade_tokenizer *t)
         if (t->kind == BLADE_VOCAB_SPM)
             n = (size_t)snprintf(text, sizeof text, "<0x%02X>", b);
         else
-            n = utf8_encode(t->byte_cp[b], text);
+            n = blade_utf8_encode(t->byte_cp[b], text);
         t->byte_token[b] = vocab_lookup(t, text, n);
     }
 }
