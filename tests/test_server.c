@@ -371,7 +371,7 @@ static void test_health_models_metrics(void **state)
                            "blade:time_per_output_token_seconds", "blade:inter_token_latency_seconds",
                            "blade:request_queue_time_seconds", "blade:num_requests_running",
                            "blade:num_requests_waiting", "blade:kv_blocks_used", "blade:kv_blocks_cached",
-                           "blade:prefix_cache_hit_rate", "blade:num_preemptions_total",
+                           "blade:prefix_cache_hit_rate", "blade:kv_utilisation", "blade:num_preemptions_total",
                            "blade:prompt_tokens_total", "blade:generation_tokens_total",
                            "blade:http_requests_total{status=\"200\"}"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)

@@ -174,6 +174,9 @@ void metrics_render(metrics *m, blade_engine *e, api_buf *out)
     scalar(out, "kv_blocks_pinned", "gauge", "KV blocks of pinned prefixes.", st.kv_blocks_pinned);
     scalar(out, "kv_cache_usage_perc", "gauge", "Fraction of KV blocks held by running sequences.",
            st.kv_blocks_total ? (double)st.kv_blocks_used / st.kv_blocks_total : 0);
+    scalar(out, "kv_utilisation", "gauge",
+           "Token slots holding KV / slots allocated to sequences, averaged over the engine's steps.",
+           st.kv_utilisation);
     scalar(out, "prefix_cache_hit_rate", "gauge", "Prompt tokens found in the prefix cache / tokens looked up.",
            st.prefix_hit_rate);
     scalar(out, "prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
