@@ -1,5 +1,7 @@
 #include "api/api.h"
 
+#include "common/file.h"
+
 #include "blade/gguf.h"
 #include "blade/model.h"
 
@@ -9,40 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static char *read_whole(const char *path, size_t *len, blade_error *err)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return blade_error_set(err, "cannot open %s: %s", path, strerror(errno)), NULL;
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 65536;
-            char *grown = realloc(buf, cap);
-            if (!grown) {
-                free(buf);
-                fclose(f);
-                return blade_error_set(err, "%s: out of memory", path), NULL;
-            }
-            buf = grown;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0)
-            break;
-    }
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return blade_error_set(err, "cannot read %s", path), NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
 
 static int add_name(api_model *am, const char *name)
 {
@@ -81,7 +49,7 @@ int api_model_init(api_model *am, blade_engine *e, const char *model_path, const
     size_t len;
     const char *origin;
     if (template_file) {
-        source = read_whole(template_file, &len, err);
+        source = blade_read_file(template_file, &len, err);
         if (!source) {
             api_model_destroy(am);
             return blade_error_prefix(err, "--chat-template");

@@ -1,5 +1,7 @@
 #include "cli/cli_util.h"
 
+#include "common/file.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -36,37 +38,14 @@ bool cli_parse_float(const char *flag, const char *s, double min, double max, do
 
 char *cli_read_file(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "error: cannot open %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0, got;
-    char *buf = malloc(cap + 1);
-    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += got;
-        if (n == cap) {
-            char *bigger = realloc(buf, cap * 2 + 1);
-            if (!bigger) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = bigger;
-            cap *= 2;
-        }
-    }
-    bool failed = ferror(f) || !buf;
-    fclose(f);
-    if (failed) {
-        fprintf(stderr, "error: cannot read %s\n", path);
-        free(buf);
-        return NULL;
-    }
-    buf[n] = 0;
-    if (len)
+    blade_error err = {{0}};
+    size_t n;
+    char *text = blade_read_file(path, &n, &err);
+    if (!text)
+        fprintf(stderr, "error: %s\n", err.msg);
+    else if (len)
         *len = n;
-    return buf;
+    return text;
 }
 
 double cli_now(void)

@@ -43,7 +43,7 @@ void cli_engine_usage(FILE *out)
             "                             of available memory (e.g. 0.5); default 0.25\n"
             "      --kv-type T            KV element type: f16 (default), bf16, f32\n"
             "      --block-size N         tokens per KV block (default 16)\n"
-            "      --max-batch-tokens N   token budget of one step (default 512)\n"
+            "      --max-batch-tokens N   token budget of one step (default 256)\n"
             "      --max-seqs N           sequences per step (default 64)\n"
             "      --pin-prefix FILE      compute FILE's text once and keep its KV cached for good\n"
             "      --batch-aging-steps N  steps after which a waiting batch request ranks as interactive\n"

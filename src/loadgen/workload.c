@@ -1,5 +1,7 @@
 #include "loadgen/workload.h"
 
+#include "common/file.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -150,43 +152,11 @@ static int32_t *prompt(const lg_workload *w, blade_rng *r, int32_t n)
     return t;
 }
 
-static int read_all(const char *path, char **out, size_t *len, blade_error *err)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return blade_error_set(err, "cannot open %s: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0, got;
-    char *buf = malloc(cap + 1);
-    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += got;
-        if (n == cap) {
-            char *bigger = realloc(buf, cap * 2 + 1);
-            if (!bigger) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = bigger;
-            cap *= 2;
-        }
-    }
-    bool failed = ferror(f) || !buf;
-    fclose(f);
-    if (failed) {
-        free(buf);
-        return blade_error_set(err, "cannot read %s", path);
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
 static int load_text(lg_workload *w, blade_error *err)
 {
-    char *text = NULL;
     size_t len = 0;
-    if (read_all(w->cfg.text_path, &text, &len, err))
+    char *text = blade_read_file(w->cfg.text_path, &len, err);
+    if (!text)
         return -1;
     size_t n = 0;
     int rc = blade_tokenizer_encode(w->tok, text, len, false, false, &w->text, &n, err);
