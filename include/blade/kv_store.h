@@ -62,6 +62,10 @@ void blade_kv_store_free(blade_kv_store *s);
 void blade_kv_write(const blade_kv_store *s, int32_t layer, int32_t block, int32_t slot, const float *k,
                     const float *v);
 
+/* The same for one KV head: k and v are that head's head_dim floats. */
+void blade_kv_write_head(const blade_kv_store *s, int32_t layer, int32_t block, int32_t slot, int32_t head,
+                         const float *k, const float *v);
+
 /* Address of the first element of (layer, block, kv_head) in K or V. */
 static inline uint8_t *blade_kv_k(const blade_kv_store *s, int32_t layer, int32_t block, int32_t head)
 {

@@ -167,13 +167,19 @@ static void write_row(blade_kv_type type, uint8_t *dst, const float *src, int32_
     }
 }
 
+void blade_kv_write_head(const blade_kv_store *s, int32_t layer, int32_t block, int32_t slot, int32_t head,
+                         const float *k, const float *v)
+{
+    size_t row = (size_t)slot * (size_t)s->head_dim * s->elem_bytes;
+    write_row(s->type, blade_kv_k(s, layer, block, head) + row, k, s->head_dim);
+    write_row(s->type, blade_kv_v(s, layer, block, head) + row, v, s->head_dim);
+}
+
 void blade_kv_write(const blade_kv_store *s, int32_t layer, int32_t block, int32_t slot, const float *k,
                     const float *v)
 {
-    size_t row = (size_t)slot * (size_t)s->head_dim * s->elem_bytes;
     for (int32_t h = 0; h < s->n_head_kv; h++) {
         size_t src = (size_t)h * (size_t)s->head_dim;
-        write_row(s->type, blade_kv_k(s, layer, block, h) + row, k + src, s->head_dim);
-        write_row(s->type, blade_kv_v(s, layer, block, h) + row, v + src, s->head_dim);
+        blade_kv_write_head(s, layer, block, slot, h, k + src, v + src);
     }
 }

@@ -24,6 +24,7 @@ struct blade_runner {
     size_t act_stride; /* bytes of one converted activation row, for the widest input */
     float *rope_inv_freq;
     float *norm_scratch; /* one row of the widest input per pool thread */
+    float *rope_scratch; /* per pool thread: cos and sin of one position's n_rot / 2 angles */
     uint8_t *attn_scratch; /* attention working space per pool thread */
     size_t attn_scratch_bytes;
     float *x;      /* [T][n_embd] residual stream */
@@ -105,6 +106,7 @@ blade_runner *blade_runner_new(const blade_model *m, blade_kv_store *kv, blade_t
     bool ok = true;
     r->rope_inv_freq = alloc_array((size_t)hp->n_rot / 2 + 1, sizeof(float), &ok);
     r->norm_scratch = alloc_array((size_t)blade_threadpool_size(pool) * (size_t)r->widest, sizeof(float), &ok);
+    r->rope_scratch = alloc_array((size_t)blade_threadpool_size(pool) * (size_t)(hp->n_rot + 2), sizeof(float), &ok);
     r->attn_scratch_bytes = (blade_attention_scratch_bytes(kv, max_batch_tokens, hp->n_head) + 63) / 64 * 64;
     r->attn_scratch = alloc_array((size_t)blade_threadpool_size(pool), r->attn_scratch_bytes, &ok);
     r->x = alloc_array(T * hp->n_embd, sizeof(float), &ok);
@@ -134,6 +136,7 @@ void blade_runner_free(blade_runner *r)
         return;
     free(r->rope_inv_freq);
     free(r->norm_scratch);
+    free(r->rope_scratch);
     free(r->attn_scratch);
     free(r->x);
     free(r->delta);
@@ -170,6 +173,7 @@ typedef struct step {
     float *out[3];
     int n_w;
     const float *in;   /* rows to normalise/convert */
+    float *add_to_in;  /* when set, `in` is the residual stream and this delta joins it first */
     int64_t in_width;
     const blade_weight *norm;
     const blade_weight *in_type_of; /* the weight whose activation form to produce */
@@ -192,8 +196,9 @@ static const float *f32_vector(const blade_weight *w)
     return (const float *)w->data;
 }
 
-/* RMSNorm (when a norm is given) fused with the conversion into the activation form the
- * next weight wants, one row at a time so each row is read once. */
+/* The residual add of the previous block (when given), RMSNorm (when a norm is given) and
+ * the conversion into the activation form the next weight wants, one row at a time so
+ * each row is read once. */
 static void task_norm_convert(void *ctx, int ith, int nth)
 {
     step *s = ctx;
@@ -203,19 +208,26 @@ static void task_norm_convert(void *ctx, int ith, int nth)
     split(s->n_rows, ith, nth, &b, &e);
     for (int64_t i = b; i < e; i++) {
         int64_t src = s->row_map ? s->row_map[i] : i;
-        const float *x = s->in + src * s->in_width;
+        float *x = (float *)s->in + src * s->in_width;
+        if (s->add_to_in) {
+            const float *d = s->add_to_in + src * s->in_width;
+            for (int64_t j = 0; j < s->in_width; j++)
+                x[j] += d[j];
+        }
+        const float *y = x;
         if (s->norm) {
             rmsnorm_row(row, x, f32_vector(s->norm), s->in_width, r->m->hp.rms_eps);
-            x = row;
+            y = row;
         }
-        blade_act_convert(s->in_type_of->type, x, (uint8_t *)r->act + i * r->act_stride, s->in_width);
+        blade_act_convert(s->in_type_of->type, y, (uint8_t *)r->act + i * r->act_stride, s->in_width);
     }
 }
 
-static void run_norm_convert(step *s, const float *in, int64_t width, const blade_weight *norm,
+static void run_norm_convert(step *s, const float *in, float *add_to_in, int64_t width, const blade_weight *norm,
                              const blade_weight *for_weight, int32_t n_rows, const int32_t *row_map)
 {
     s->in = in;
+    s->add_to_in = add_to_in;
     s->in_width = width;
     s->norm = norm;
     s->in_type_of = for_weight;
@@ -252,68 +264,61 @@ static void run_matmul(step *s, int n, const blade_weight *w0, float *y0, const 
     blade_threadpool_run(s->r->pool, task_matmul, s);
 }
 
-static void rope_head(float *head, int32_t pos, const blade_hparams *hp, const float *inv_freq)
+/* cos and sin of every rotated pair's angle at one position, shared by all heads. */
+static void rope_angles(int32_t pos, const blade_hparams *hp, const float *inv_freq, float *cos_t, float *sin_t)
+{
+    float p = (float)pos / hp->rope_scale;
+    for (int i = 0; i < hp->n_rot / 2; i++) {
+        float theta = p * inv_freq[i];
+        cos_t[i] = cosf(theta);
+        sin_t[i] = sinf(theta);
+    }
+}
+
+static void rope_head(float *head, const blade_hparams *hp, const float *cos_t, const float *sin_t)
 {
     int half = hp->n_rot / 2;
-    float p = (float)pos / hp->rope_scale;
     for (int i = 0; i < half; i++) {
-        float theta = p * inv_freq[i];
-        float c = cosf(theta), sn = sinf(theta);
         int a = hp->rope_neox ? i : 2 * i;
         int b = hp->rope_neox ? i + half : 2 * i + 1;
         float x0 = head[a], x1 = head[b];
-        head[a] = x0 * c - x1 * sn;
-        head[b] = x0 * sn + x1 * c;
+        head[a] = x0 * cos_t[i] - x1 * sin_t[i];
+        head[b] = x0 * sin_t[i] + x1 * cos_t[i];
     }
 }
 
-static void add_bias(float *x, const blade_weight *b)
+static void add_bias(float *x, const blade_weight *b, int64_t offset, int64_t n)
 {
     if (b->data)
-        for (int64_t i = 0; i < b->n_in; i++)
-            x[i] += f32_vector(b)[i];
+        for (int64_t i = 0; i < n; i++)
+            x[i] += f32_vector(b)[offset + i];
 }
 
-/* Per token: biases, per-head Q/K norms, RoPE, then K/V straight into the token's slot
- * of the paged store (RoPE fused with the KV write). */
-static void task_qkv_post(void *ctx, int ith, int nth)
+/* One head of one token after the Q/K/V projections: bias, per-head norm, RoPE. */
+static void head_post(float *head, int64_t index, const blade_weight *bias, const blade_weight *norm, bool rotate,
+                      const blade_hparams *hp, const float *cos_t, const float *sin_t)
 {
-    step *s = ctx;
-    blade_runner *r = s->r;
-    const blade_hparams *hp = &r->m->hp;
-    const blade_layer *L = &r->m->layers[s->layer];
     int hd = hp->head_dim;
-    int64_t b, e;
-    split(s->n_tokens, ith, nth, &b, &e);
-    for (int64_t t = b; t < e; t++) {
-        const token_ref *ref = &r->refs[t];
-        float *q = r->q + t * r->q_dim, *k = r->k + t * r->kv_dim, *v = r->v + t * r->kv_dim;
-        add_bias(q, &L->bq);
-        add_bias(k, &L->bk);
-        add_bias(v, &L->bv);
-        for (int h = 0; h < hp->n_head; h++) {
-            if (L->q_norm.data)
-                rmsnorm_row(q + h * hd, q + h * hd, f32_vector(&L->q_norm), hd, hp->rms_eps);
-            rope_head(q + h * hd, ref->pos, hp, r->rope_inv_freq);
-        }
-        for (int h = 0; h < hp->n_head_kv; h++) {
-            if (L->k_norm.data)
-                rmsnorm_row(k + h * hd, k + h * hd, f32_vector(&L->k_norm), hd, hp->rms_eps);
-            rope_head(k + h * hd, ref->pos, hp, r->rope_inv_freq);
-        }
-        const blade_batch_seq *sq = &s->seqs[ref->seq];
-        int32_t block = sq->block_table[ref->pos / r->kv->block_size];
-        blade_kv_write(r->kv, s->layer, block, ref->pos % r->kv->block_size, k, v);
-    }
+    add_bias(head, bias, index * hd, hd);
+    if (norm && norm->data)
+        rmsnorm_row(head, head, f32_vector(norm), hd, hp->rms_eps);
+    if (rotate)
+        rope_head(head, hp, cos_t, sin_t);
 }
 
 /* Work items are (sequence, KV head) pairs; splitting by KV head keeps each head's group
- * of query heads together, so its K/V tiles are loaded once. */
+ * of query heads together, so its K/V tiles are loaded once. An item first finishes its
+ * heads of the sequence's new tokens (biases, Q/K norms, RoPE) and writes their K/V into
+ * the paged store (RoPE fused with the KV write): nothing else reads those heads, so no
+ * pass over the whole batch has to come first. */
 static void task_attention(void *ctx, int ith, int nth)
 {
     step *s = ctx;
     blade_runner *r = s->r;
     const blade_hparams *hp = &r->m->hp;
+    const blade_layer *L = &r->m->layers[s->layer];
+    int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    float *cos_t = r->rope_scratch + (size_t)ith * (size_t)(hp->n_rot + 2), *sin_t = cos_t + hp->n_rot / 2 + 1;
     int64_t b, e;
     split(s->n_work, ith, nth, &b, &e);
     for (int64_t i = b; i < e; i++) {
@@ -323,6 +328,17 @@ static void task_attention(void *ctx, int ith, int nth)
         int64_t first = 0;
         for (int32_t j = 0; j < seq; j++)
             first += s->seqs[j].n_tokens;
+        for (int64_t t = first; t < first + sq->n_tokens; t++) {
+            const token_ref *ref = &r->refs[t];
+            float *q = r->q + t * r->q_dim, *k = r->k + t * r->kv_dim + head * hd, *v = r->v + t * r->kv_dim + head * hd;
+            rope_angles(ref->pos, hp, r->rope_inv_freq, cos_t, sin_t);
+            for (int h = head * group; h < (head + 1) * group; h++)
+                head_post(q + h * hd, h, &L->bq, &L->q_norm, true, hp, cos_t, sin_t);
+            head_post(k, head, &L->bk, &L->k_norm, true, hp, cos_t, sin_t);
+            head_post(v, head, &L->bv, NULL, false, hp, cos_t, sin_t);
+            int32_t block = sq->block_table[ref->pos / r->kv->block_size];
+            blade_kv_write_head(r->kv, s->layer, block, ref->pos % r->kv->block_size, head, k, v);
+        }
         blade_attention_args a = {
             .kv = r->kv,
             .layer = s->layer,
@@ -341,17 +357,6 @@ static void task_attention(void *ctx, int ith, int nth)
         };
         blade_attention(&a);
     }
-}
-
-/* x += delta, for all tokens */
-static void task_residual(void *ctx, int ith, int nth)
-{
-    step *s = ctx;
-    blade_runner *r = s->r;
-    int64_t d = r->m->hp.n_embd, b, e;
-    split((int64_t)s->n_tokens * d, ith, nth, &b, &e);
-    for (int64_t i = b; i < e; i++)
-        r->x[i] += r->delta[i];
 }
 
 static float silu(float x)
@@ -388,17 +393,19 @@ static void task_swiglu(void *ctx, int ith, int nth)
         r->ffn[i] = silu(r->ffn[i]) * r->up[i];
 }
 
-/* Normalises the residual stream once per distinct weight type and multiplies every
+/* Adds the pending residual delta (when given), then normalises the residual stream once per distinct weight type and multiplies every
  * weight of that type in one pass of the pool. Files mixing types across projections
  * (Q4_K_M keeps some V and down projections in Q6_K) get one conversion per type. */
-static void run_projections(step *s, const blade_weight *norm, const blade_weight **ws, float **outs, int n)
+static void run_projections(step *s, float *residual_delta, const blade_weight *norm, const blade_weight **ws,
+                            float **outs, int n)
 {
     blade_runner *r = s->r;
     bool done[3] = {false, false, false};
     for (int i = 0; i < n; i++) {
         if (done[i])
             continue;
-        run_norm_convert(s, r->x, r->m->hp.n_embd, norm, ws[i], s->n_tokens, NULL);
+        run_norm_convert(s, r->x, residual_delta, r->m->hp.n_embd, norm, ws[i], s->n_tokens, NULL);
+        residual_delta = NULL; /* added once */
         const blade_weight *group[3] = {NULL, NULL, NULL};
         float *group_out[3] = {NULL, NULL, NULL};
         int k = 0;
@@ -490,32 +497,33 @@ int blade_runner_forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n
     }
 
     blade_threadpool_run(r->pool, task_embed, &s);
+    /* Each block's output waits in r->delta and joins the residual stream inside the next
+     * normalisation, which reads that row anyway. */
+    float *pending = NULL;
     for (int l = 0; l < hp->n_layer; l++) {
         const blade_layer *L = &m->layers[l];
         s.layer = l;
 
         const blade_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
         float *qkv_out[3] = {r->q, r->k, r->v};
-        run_projections(&s, &L->attn_norm, qkv, qkv_out, 3);
-        blade_threadpool_run(r->pool, task_qkv_post, &s);
+        run_projections(&s, pending, &L->attn_norm, qkv, qkv_out, 3);
         blade_threadpool_run(r->pool, task_attention, &s);
 
-        run_norm_convert(&s, r->attn, r->q_dim, NULL, &L->wo, s.n_tokens, NULL);
+        run_norm_convert(&s, r->attn, NULL, r->q_dim, NULL, &L->wo, s.n_tokens, NULL);
         run_matmul(&s, 1, &L->wo, r->delta, NULL, NULL, NULL, NULL);
-        blade_threadpool_run(r->pool, task_residual, &s);
 
         if (L->ffn_up.type == L->ffn_gate.type) {
-            run_norm_convert(&s, r->x, hp->n_embd, &L->ffn_norm, &L->ffn_gate, s.n_tokens, NULL);
+            run_norm_convert(&s, r->x, r->delta, hp->n_embd, &L->ffn_norm, &L->ffn_gate, s.n_tokens, NULL);
             blade_threadpool_run(r->pool, task_gate_up, &s);
         } else {
             const blade_weight *gu[2] = {&L->ffn_gate, &L->ffn_up};
             float *gu_out[2] = {r->ffn, r->up};
-            run_projections(&s, &L->ffn_norm, gu, gu_out, 2);
+            run_projections(&s, r->delta, &L->ffn_norm, gu, gu_out, 2);
             blade_threadpool_run(r->pool, task_swiglu, &s);
         }
-        run_norm_convert(&s, r->ffn, hp->n_ff, NULL, &L->ffn_down, s.n_tokens, NULL);
+        run_norm_convert(&s, r->ffn, NULL, hp->n_ff, NULL, &L->ffn_down, s.n_tokens, NULL);
         run_matmul(&s, 1, &L->ffn_down, r->delta, NULL, NULL, NULL, NULL);
-        blade_threadpool_run(r->pool, task_residual, &s);
+        pending = r->delta;
     }
 
     if (s.n_logit_rows == 0)
@@ -527,7 +535,8 @@ int blade_runner_forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n
         r->logits = grown;
         r->cap_logits = s.n_logit_rows;
     }
-    run_norm_convert(&s, r->x, hp->n_embd, &m->output_norm, &m->output, s.n_logit_rows, r->logit_tokens);
+    /* only the rows that want logits take the last block's output: no other row is read again */
+    run_norm_convert(&s, r->x, pending, hp->n_embd, &m->output_norm, &m->output, s.n_logit_rows, r->logit_tokens);
     run_matmul(&s, 1, &m->output, r->logits, NULL, NULL, NULL, NULL);
     lr = 0;
     for (int32_t i = 0; i < n_seqs; i++)
