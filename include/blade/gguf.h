@@ -78,7 +78,8 @@ typedef struct gguf_file {
     char *path; /* "<memory>" for gguf_open_memory */
     const uint8_t *map;
     size_t size;
-    bool owns_map; /* false for gguf_open_memory */
+    size_t map_bytes; /* of the mapping, size rounded up when the file was copied to huge pages */
+    bool owns_map;    /* false for gguf_open_memory */
     uint32_t version;
     uint64_t n_kv;
     gguf_kv *kv;

@@ -640,6 +640,32 @@ gguf_file *gguf_open_memory(const void *buf, size_t size, blade_error *err)
     return f;
 }
 
+/* Weights are streamed once per decode step. Read through the file's page-cache mapping
+ * they arrive in 4 KiB pages, and the GEMV measured at about 60% of the bandwidth it
+ * reaches on anonymous memory the kernel backs with 2 MiB pages (one TLB entry per 2 MiB
+ * instead of 512). So the file is copied once into such memory, read-only afterwards.
+ * NULL (and the file mapping is used as it is) when the memory cannot be had. */
+static void *copy_to_huge_pages(const void *map, size_t size, size_t *mapped_bytes)
+{
+    const size_t huge = (size_t)2 << 20;
+    if (size > SIZE_MAX - 2 * huge)
+        return NULL;
+    size_t bytes = (size + huge - 1) / huge * huge;
+    uint8_t *raw = mmap(NULL, bytes + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    uint8_t *aligned = raw + ((huge - (uintptr_t)raw % huge) % huge);
+    if (aligned > raw)
+        munmap(raw, (size_t)(aligned - raw));
+    if (raw + bytes + huge > aligned + bytes)
+        munmap(aligned + bytes, (size_t)(raw + bytes + huge - (aligned + bytes)));
+    madvise(aligned, bytes, MADV_HUGEPAGE);
+    memcpy(aligned, map, size);
+    mprotect(aligned, bytes, PROT_READ);
+    *mapped_bytes = bytes;
+    return aligned;
+}
+
 gguf_file *gguf_open(const char *path, blade_error *err)
 {
     if (!path) {
@@ -688,8 +714,15 @@ gguf_file *gguf_open(const char *path, blade_error *err)
         blade_error_set(err, "%s: out of memory", path);
         return NULL;
     }
+    size_t copy_bytes = 0;
+    void *copy = copy_to_huge_pages(map, size, &copy_bytes);
+    if (copy) {
+        munmap(map, size);
+        map = copy;
+    }
     f->map = map;
     f->size = size;
+    f->map_bytes = copy ? copy_bytes : size;
     f->owns_map = true;
     if (parse(f, err) != 0) {
         blade_error_prefix(err, "%s", path);
@@ -716,7 +749,7 @@ void gguf_close(gguf_file *f)
         free(f->tensors);
     }
     if (f->owns_map && f->map)
-        munmap((void *)f->map, f->size);
+        munmap((void *)f->map, f->map_bytes);
     free(f->path);
     free(f);
 }

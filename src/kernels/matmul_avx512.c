@@ -521,20 +521,63 @@ TGT_F INLINE void f_step(enum f_kind kind, int R, int T, const uint8_t *const *r
     }
 }
 
+/* Each output sums its units in F_STRIPES interleaved partial sums (unit u into partial
+ * u % F_STRIPES), combined as (p0 + p1) + (p2 + p3) before the horizontal sum: with one
+ * chain, the one-token path would run at one unit per FMA latency, well below what memory
+ * delivers. That path keeps the partials in registers over a single pass of the row (one
+ * sequential stream); tiles, short of registers, make one pass per partial over their
+ * cache-resident rows. Both do the same operations for every output. */
+#define F_STRIPES 4
+
+TGT_F INLINE float stripes_sum(const __m512 *p)
+{
+    return hsum(_mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3])));
+}
+
 TGT_F INLINE void f_tile(enum f_kind kind, int R, int T, const uint8_t *const *rows, const float *const *xs, int64_t n,
                          float *out)
 {
-    __m512 acc[F_TILE_R][F_TILE_T];
+    int64_t nu = n / 16;
+    __mmask16 tail = (__mmask16)((1u << (n % 16)) - 1);
+    if (R == 1 && T == 1) {
+        __m512 p[F_STRIPES];
+        for (int k = 0; k < F_STRIPES; k++)
+            p[k] = _mm512_setzero_ps();
+        int64_t u = 0;
+        for (; u + F_STRIPES <= nu; u += F_STRIPES)
+            for (int k = 0; k < F_STRIPES; k++)
+                p[k] = _mm512_fmadd_ps(f_load(kind, rows[0], u + k, (__mmask16)0xFFFF), _mm512_loadu_ps(xs[0] + 16 * (u + k)),
+                                       p[k]);
+        for (; u < nu; u++)
+            p[u % F_STRIPES] = _mm512_fmadd_ps(f_load(kind, rows[0], u, (__mmask16)0xFFFF),
+                                               _mm512_loadu_ps(xs[0] + 16 * u), p[u % F_STRIPES]);
+        if (tail)
+            p[nu % F_STRIPES] = _mm512_fmadd_ps(f_load(kind, rows[0], nu, tail), _mm512_loadu_ps(xs[0] + 16 * nu),
+                                                p[nu % F_STRIPES]);
+        out[0] = stripes_sum(p);
+        return;
+    }
+    __m512 part[F_STRIPES][F_TILE_R][F_TILE_T];
+    for (int k = 0; k < F_STRIPES; k++) {
+        __m512 acc[F_TILE_R][F_TILE_T];
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++)
+                acc[r][t] = _mm512_setzero_ps();
+        for (int64_t u = k; u < nu; u += F_STRIPES)
+            f_step(kind, R, T, rows, xs, u, (__mmask16)0xFFFF, acc);
+        if (tail && nu % F_STRIPES == k)
+            f_step(kind, R, T, rows, xs, nu, tail, acc);
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++)
+                part[k][r][t] = acc[r][t];
+    }
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++)
-            acc[r][t] = _mm512_setzero_ps();
-    for (int64_t u = 0; u < n / 16; u++)
-        f_step(kind, R, T, rows, xs, u, (__mmask16)0xFFFF, acc);
-    if (n % 16)
-        f_step(kind, R, T, rows, xs, n / 16, (__mmask16)((1u << (n % 16)) - 1), acc);
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++)
-            out[r * F_TILE_T + t] = hsum(acc[r][t]);
+        for (int t = 0; t < T; t++) {
+            __m512 p[F_STRIPES];
+            for (int k = 0; k < F_STRIPES; k++)
+                p[k] = part[k][r][t];
+            out[r * F_TILE_T + t] = stripes_sum(p);
+        }
 }
 
 TGT_BF INLINE void bf16_step(int R, int T, const uint8_t *const *rows, const uint16_t *const *xs, int64_t u,
@@ -553,17 +596,48 @@ TGT_BF INLINE void bf16_step(int R, int T, const uint8_t *const *rows, const uin
 TGT_BF INLINE void bf16_tile(int R, int T, const uint8_t *const *rows, const uint16_t *const *xs, int64_t n,
                              float *out)
 {
-    __m512 acc[F_TILE_R][F_TILE_T];
+    int64_t nu = n / 32;
+    __mmask32 tail = (__mmask32)((1ull << (n % 32)) - 1);
+    if (R == 1 && T == 1) {
+        __m512 p[F_STRIPES];
+        for (int k = 0; k < F_STRIPES; k++)
+            p[k] = _mm512_setzero_ps();
+        int64_t u = 0;
+        for (; u + F_STRIPES <= nu; u += F_STRIPES)
+            for (int k = 0; k < F_STRIPES; k++)
+                p[k] = _mm512_dpbf16_ps(p[k], (__m512bh)_mm512_loadu_si512(rows[0] + 64 * (u + k)),
+                                        (__m512bh)_mm512_loadu_si512(xs[0] + 32 * (u + k)));
+        for (; u < nu; u++)
+            p[u % F_STRIPES] = _mm512_dpbf16_ps(p[u % F_STRIPES], (__m512bh)_mm512_loadu_si512(rows[0] + 64 * u),
+                                                (__m512bh)_mm512_loadu_si512(xs[0] + 32 * u));
+        if (tail)
+            p[nu % F_STRIPES] = _mm512_dpbf16_ps(p[nu % F_STRIPES],
+                                                 (__m512bh)_mm512_maskz_loadu_epi16(tail, rows[0] + 64 * nu),
+                                                 (__m512bh)_mm512_loadu_si512(xs[0] + 32 * nu));
+        out[0] = stripes_sum(p);
+        return;
+    }
+    __m512 part[F_STRIPES][F_TILE_R][F_TILE_T];
+    for (int k = 0; k < F_STRIPES; k++) {
+        __m512 acc[F_TILE_R][F_TILE_T];
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++)
+                acc[r][t] = _mm512_setzero_ps();
+        for (int64_t u = k; u < nu; u += F_STRIPES)
+            bf16_step(R, T, rows, xs, u, (__mmask32)0xFFFFFFFF, acc);
+        if (tail && nu % F_STRIPES == k)
+            bf16_step(R, T, rows, xs, nu, tail, acc);
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++)
+                part[k][r][t] = acc[r][t];
+    }
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++)
-            acc[r][t] = _mm512_setzero_ps();
-    for (int64_t u = 0; u < n / 32; u++)
-        bf16_step(R, T, rows, xs, u, (__mmask32)0xFFFFFFFF, acc);
-    if (n % 32)
-        bf16_step(R, T, rows, xs, n / 32, (__mmask32)((1u << (n % 32)) - 1), acc);
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++)
-            out[r * F_TILE_T + t] = hsum(acc[r][t]);
+        for (int t = 0; t < T; t++) {
+            __m512 p[F_STRIPES];
+            for (int k = 0; k < F_STRIPES; k++)
+                p[k] = part[k][r][t];
+            out[r * F_TILE_T + t] = stripes_sum(p);
+        }
 }
 
 /* Drives either tile function over the row range and token range. */
