@@ -30,6 +30,9 @@
 /* Tokens whose converted activations stay cache-resident while a row tile's decoded
  * weights are reused across them (a multiple of both token-tile sizes). */
 #define TOKEN_CHUNK 48
+#ifndef Q32_TOKEN_CHUNK
+#define Q32_TOKEN_CHUNK 32
+#endif
 
 TGT_F INLINE float hsum(__m512 v)
 {
@@ -165,18 +168,20 @@ TGT_Q INLINE float q32_gemv(bool q4, const uint8_t *row, const q32_tok *xt, int6
     return hsum(acc);
 }
 
-TGT_Q INLINE void q32_tile(bool q4, int T, const q32_dec *pk, int64_t np, const act_q8_view *xa, float *out)
+/* xt[t * np + p]: token t's side of unit p, prepared once per token chunk and shared by
+ * every row tile. */
+TGT_Q INLINE void q32_tile(bool q4, int T, const q32_dec *pk, int64_t np, const q32_tok *xt, float *out)
 {
+    (void)q4;
     __m512 acc[TILE_R][TILE_T];
     for (int r = 0; r < TILE_R; r++)
         for (int t = 0; t < T; t++)
             acc[r][t] = _mm512_setzero_ps();
     for (int64_t p = 0; p < np; p++) {
         for (int t = 0; t < T; t++) {
-            q32_tok x;
-            q32_token(q4, xa[t], p, &x);
+            const q32_tok *x = &xt[t * np + p];
             for (int r = 0; r < TILE_R; r++)
-                acc[r][t] = q32_step(&pk[r * np + p], &x, acc[r][t]);
+                acc[r][t] = q32_step(&pk[r * np + p], x, acc[r][t]);
         }
     }
     for (int r = 0; r < TILE_R; r++)
@@ -201,9 +206,14 @@ TGT_Q INLINE void q32_matmul(bool q4, const void *W, size_t w_stride, const void
         return;
     }
     q32_dec *pk = pack_alloc(sizeof(q32_dec) * TILE_R * (size_t)np);
-    act_q8_view xa[TILE_T];
-    for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {
-        int64_t c1 = c + TOKEN_CHUNK < n_tok ? c + TOKEN_CHUNK : n_tok;
+    q32_tok *xt = pack_alloc(sizeof(q32_tok) * Q32_TOKEN_CHUNK * (size_t)np);
+    for (int64_t c = 0; c < n_tok; c += Q32_TOKEN_CHUNK) {
+        int64_t c1 = c + Q32_TOKEN_CHUNK < n_tok ? c + Q32_TOKEN_CHUNK : n_tok;
+        for (int64_t t = c; t < c1; t++) {
+            act_q8_view a = act_q8_at((const uint8_t *)X + t * (int64_t)x_stride, n);
+            for (int64_t p = 0; p < np; p++)
+                q32_token(q4, a, p, &xt[(t - c) * np + p]);
+        }
         for (int64_t r = r0; r < r1; r += TILE_R) {
             tile_rows(W, w_stride, r, r1, TILE_R, rows);
             for (int i = 0; i < TILE_R; i++) {
@@ -215,15 +225,14 @@ TGT_Q INLINE void q32_matmul(bool q4, const void *W, size_t w_stride, const void
             int64_t nr = r1 - r < TILE_R ? r1 - r : TILE_R;
             for (int64_t t = c; t < c1; t += TILE_T) {
                 int64_t nt = c1 - t < TILE_T ? c1 - t : TILE_T;
-                for (int j = 0; j < nt; j++)
-                    xa[j] = act_q8_at((const uint8_t *)X + (t + j) * (int64_t)x_stride, n);
-#define Q32_TILE(T) q32_tile(q4, T, pk, np, xa, out)
+#define Q32_TILE(T) q32_tile(q4, T, pk, np, xt + (t - c) * np, out)
                 WITH_CONST_T(nt, TILE_T, Q32_TILE)
 #undef Q32_TILE
                 store_tile(Y, ldy, r, nr, t, nt, out);
             }
         }
     }
+    free(xt);
     free(pk);
 }
 
