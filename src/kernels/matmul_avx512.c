@@ -98,21 +98,27 @@ TGT_F INLINE __m512 pair_scales_fp16(uint16_t h0, uint16_t h1)
 
 /* `two` is false only for a row's final odd block; its partner lanes get zero weight and
  * zero scale (the activation padding is zero as well). */
-TGT_F INLINE void q4_0_decode(const uint8_t *w, int64_t p, bool two, q32_dec *o)
+TGT_F INLINE __m512i q4_0_quants(const uint8_t *b0, bool two)
 {
-    const uint8_t *b0 = w + 2 * p * (int64_t)sizeof(block_q4_0), *b1 = b0 + sizeof(block_q4_0);
+    const uint8_t *b1 = b0 + sizeof(block_q4_0);
     __m128i n0 = _mm_loadu_si128((const __m128i *)(b0 + 2));
     __m128i n1 = two ? _mm_loadu_si128((const __m128i *)(b1 + 2)) : _mm_setzero_si128();
-    uint16_t h0, h1 = 0;
-    memcpy(&h0, b0, 2);
-    if (two)
-        memcpy(&h1, b1, 2);
     /* [n0 n0 n1 n1] then low nibbles in 128-bit lanes 0/2, high nibbles in 1/3. */
     __m256i y = _mm256_inserti128_si256(_mm256_castsi128_si256(n0), n1, 1);
     __m512i z = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), _mm512_castsi256_si512(y));
     z = _mm512_srlv_epi16(z, _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0,
                                                 0x0004000400040004, 0x0004000400040004));
-    o->q = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+    return _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+}
+
+TGT_F INLINE void q4_0_decode(const uint8_t *w, int64_t p, bool two, q32_dec *o)
+{
+    const uint8_t *b0 = w + 2 * p * (int64_t)sizeof(block_q4_0), *b1 = b0 + sizeof(block_q4_0);
+    uint16_t h0, h1 = 0;
+    memcpy(&h0, b0, 2);
+    if (two)
+        memcpy(&h1, b1, 2);
+    o->q = q4_0_quants(b0, two);
     o->d = pair_scales_fp16(h0, h1);
 }
 
@@ -151,11 +157,37 @@ TGT_Q INLINE void q32_decode(bool q4, const uint8_t *w, int64_t p, bool two, q32
         q8_0_decode(w, p, two, o);
 }
 
-/* xt: the token side of every unit, computed once per call and shared by all rows. */
-TGT_Q INLINE float q32_gemv(bool q4, const uint8_t *row, const q32_tok *xt, int64_t nb)
+/* xt: the token side of every unit, computed once per call and shared by all rows;
+ * xd: the token's block scales.
+ *
+ * Q4_0 takes the scales of four pairs at a time: their fp16 words come out of two loads
+ * with one permutation and meet the token's block scales in one multiply, and each pair's
+ * lanes get theirs with one more permutation. These are the same IEEE products q32_step
+ * forms one pair at a time, so the result has the same bits, at fewer operations per pair
+ * (this path is otherwise compute-bound below the memory bandwidth). */
+TGT_Q INLINE float q32_gemv(bool q4, const uint8_t *row, const q32_tok *xt, const float *xd, int64_t nb)
 {
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t p = 0; p < nb / 2; p++) {
+    int64_t p = 0;
+    if (q4) {
+        const __m512i words = _mm512_setr_epi32(0x00090000, 0x001B0012, 0x002D0024, 0x003F0036, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                0, 0, 0, 0);
+        for (; p + 4 <= nb / 2; p += 4) {
+            const uint8_t *g = row + 2 * p * (int64_t)sizeof(block_q4_0);
+            __m512i h = _mm512_permutex2var_epi16(_mm512_loadu_si512(g), words, _mm512_loadu_si512(g + 64));
+            __m512 c = _mm512_castps256_ps512(
+                _mm256_mul_ps(_mm256_cvtph_ps(_mm512_castsi512_si128(h)), _mm256_loadu_ps(xd + 2 * p)));
+            for (int k = 0; k < 4; k++) {
+                __m512 scale = _mm512_permutexvar_ps(
+                    _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(2 * k)), _mm256_set1_epi32(2 * k + 1), 1),
+                    c);
+                __m512i q = q4_0_quants(g + 2 * k * (int64_t)sizeof(block_q4_0), true);
+                __m512i i = _mm512_dpbusd_epi32(xt[p + k].start, q, xt[p + k].x);
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), scale, acc);
+            }
+        }
+    }
+    for (; p < nb / 2; p++) {
         q32_dec w;
         q32_decode(q4, row, p, true, &w);
         acc = q32_step(&w, &xt[p], acc);
@@ -201,7 +233,7 @@ TGT_Q INLINE void q32_matmul(bool q4, const void *W, size_t w_stride, const void
         for (int64_t p = 0; p < np; p++)
             q32_token(q4, a, p, &xt[p]);
         for (int64_t r = r0; r < r1; r++)
-            Y[r] = q32_gemv(q4, (const uint8_t *)W + r * (int64_t)w_stride, xt, nb);
+            Y[r] = q32_gemv(q4, (const uint8_t *)W + r * (int64_t)w_stride, xt, a.d, nb);
         free(xt);
         return;
     }
