@@ -644,11 +644,14 @@ gguf_file *gguf_open_memory(const void *buf, size_t size, blade_error *err)
  * they arrive in 4 KiB pages, and the GEMV measured at about 60% of the bandwidth it
  * reaches on anonymous memory the kernel backs with 2 MiB pages (one TLB entry per 2 MiB
  * instead of 512). So the file is copied once into such memory, read-only afterwards.
- * NULL (and the file mapping is used as it is) when the memory cannot be had. */
+ * NULL (and the file mapping is used as it is) when the memory cannot be had, or when the
+ * copy would take more than half of the memory available now: a model that barely fits
+ * is better paged from its file than pushed out by the OOM killer. */
 static void *copy_to_huge_pages(const void *map, size_t size, size_t *mapped_bytes)
 {
     const size_t huge = (size_t)2 << 20;
-    if (size > SIZE_MAX - 2 * huge)
+    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0 || size / (size_t)page > (size_t)pages / 2 || size > SIZE_MAX - 2 * huge)
         return NULL;
     size_t bytes = (size + huge - 1) / huge * huge;
     uint8_t *raw = mmap(NULL, bytes + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
