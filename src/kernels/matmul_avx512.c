@@ -575,6 +575,24 @@ TGT_F INLINE float stripes_sum(const __m512 *p)
     return hsum(_mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3])));
 }
 
+TGT_F INLINE void f_keep_part(int R, int T, __m512 acc[][F_TILE_T], __m512 part[][F_TILE_T])
+{
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            part[r][t] = acc[r][t];
+}
+
+TGT_F INLINE void f_parts_sum(int R, int T, __m512 part[F_STRIPES][F_TILE_R][F_TILE_T], float *out)
+{
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            __m512 p[F_STRIPES];
+            for (int k = 0; k < F_STRIPES; k++)
+                p[k] = part[k][r][t];
+            out[r * F_TILE_T + t] = stripes_sum(p);
+        }
+}
+
 TGT_F INLINE void f_tile(enum f_kind kind, int R, int T, const uint8_t *const *rows, const float *const *xs, int64_t n,
                          float *out)
 {
@@ -608,17 +626,9 @@ TGT_F INLINE void f_tile(enum f_kind kind, int R, int T, const uint8_t *const *r
             f_step(kind, R, T, rows, xs, u, (__mmask16)0xFFFF, acc);
         if (tail && nu % F_STRIPES == k)
             f_step(kind, R, T, rows, xs, nu, tail, acc);
-        for (int r = 0; r < R; r++)
-            for (int t = 0; t < T; t++)
-                part[k][r][t] = acc[r][t];
+        f_keep_part(R, T, acc, part[k]);
     }
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) {
-            __m512 p[F_STRIPES];
-            for (int k = 0; k < F_STRIPES; k++)
-                p[k] = part[k][r][t];
-            out[r * F_TILE_T + t] = stripes_sum(p);
-        }
+    f_parts_sum(R, T, part, out);
 }
 
 TGT_BF INLINE void bf16_step(int R, int T, const uint8_t *const *rows, const uint16_t *const *xs, int64_t u,
@@ -668,17 +678,9 @@ TGT_BF INLINE void bf16_tile(int R, int T, const uint8_t *const *rows, const uin
             bf16_step(R, T, rows, xs, u, (__mmask32)0xFFFFFFFF, acc);
         if (tail && nu % F_STRIPES == k)
             bf16_step(R, T, rows, xs, nu, tail, acc);
-        for (int r = 0; r < R; r++)
-            for (int t = 0; t < T; t++)
-                part[k][r][t] = acc[r][t];
+        f_keep_part(R, T, acc, part[k]);
     }
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) {
-            __m512 p[F_STRIPES];
-            for (int k = 0; k < F_STRIPES; k++)
-                p[k] = part[k][r][t];
-            out[r * F_TILE_T + t] = stripes_sum(p);
-        }
+    f_parts_sum(R, T, part, out);
 }
 
 /* Drives either tile function over the row range and token range. */
