@@ -5,7 +5,6 @@
 #include "blade/gguf.h"
 #include "blade/model.h"
 
-#include <errno.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>

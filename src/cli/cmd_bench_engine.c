@@ -291,6 +291,8 @@ int cmd_bench_engine(int argc, char **argv)
         {"help", no_argument, 0, 'h'},
     };
     struct option *longopts = cli_merge_longopts(own, sizeof own / sizeof own[0]);
+    if (!longopts)
+        return 1;
     cli_engine_options o;
     cli_engine_options_init(&o);
     const char *model_path = NULL, *wl = NULL;

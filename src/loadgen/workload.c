@@ -2,7 +2,6 @@
 
 #include "common/file.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>

@@ -24,7 +24,7 @@ struct blade_runner {
     size_t act_stride; /* bytes of one converted activation row, for the widest input */
     float *rope_inv_freq;
     float *norm_scratch; /* one row of the widest input per pool thread */
-    float *rope_scratch; /* per pool thread: cos and sin of one position's n_rot / 2 angles */
+    float *rope_scratch; /* per pool thread: cos then sin of one position's n_rot / 2 angles */
     uint8_t *attn_scratch; /* attention working space per pool thread */
     size_t attn_scratch_bytes;
     float *x;      /* [T][n_embd] residual stream */
@@ -106,7 +106,7 @@ blade_runner *blade_runner_new(const blade_model *m, blade_kv_store *kv, blade_t
     bool ok = true;
     r->rope_inv_freq = alloc_array((size_t)hp->n_rot / 2 + 1, sizeof(float), &ok);
     r->norm_scratch = alloc_array((size_t)blade_threadpool_size(pool) * (size_t)r->widest, sizeof(float), &ok);
-    r->rope_scratch = alloc_array((size_t)blade_threadpool_size(pool) * (size_t)(hp->n_rot + 2), sizeof(float), &ok);
+    r->rope_scratch = alloc_array((size_t)blade_threadpool_size(pool) * (size_t)hp->n_rot, sizeof(float), &ok);
     r->attn_scratch_bytes = (blade_attention_scratch_bytes(kv, max_batch_tokens, hp->n_head) + 63) / 64 * 64;
     r->attn_scratch = alloc_array((size_t)blade_threadpool_size(pool), r->attn_scratch_bytes, &ok);
     r->x = alloc_array(T * hp->n_embd, sizeof(float), &ok);
@@ -172,7 +172,7 @@ typedef struct step {
     const blade_weight *w[3];
     float *out[3];
     int n_w;
-    const float *in;   /* rows to normalise/convert */
+    float *in;         /* rows to normalise/convert */
     float *add_to_in;  /* when set, `in` is the residual stream and this delta joins it first */
     int64_t in_width;
     const blade_weight *norm;
@@ -208,7 +208,7 @@ static void task_norm_convert(void *ctx, int ith, int nth)
     split(s->n_rows, ith, nth, &b, &e);
     for (int64_t i = b; i < e; i++) {
         int64_t src = s->row_map ? s->row_map[i] : i;
-        float *x = (float *)s->in + src * s->in_width;
+        float *x = s->in + src * s->in_width;
         if (s->add_to_in) {
             const float *d = s->add_to_in + src * s->in_width;
             for (int64_t j = 0; j < s->in_width; j++)
@@ -223,7 +223,7 @@ static void task_norm_convert(void *ctx, int ith, int nth)
     }
 }
 
-static void run_norm_convert(step *s, const float *in, float *add_to_in, int64_t width, const blade_weight *norm,
+static void run_norm_convert(step *s, float *in, float *add_to_in, int64_t width, const blade_weight *norm,
                              const blade_weight *for_weight, int32_t n_rows, const int32_t *row_map)
 {
     s->in = in;
@@ -264,7 +264,8 @@ static void run_matmul(step *s, int n, const blade_weight *w0, float *y0, const 
     blade_threadpool_run(s->r->pool, task_matmul, s);
 }
 
-/* cos and sin of every rotated pair's angle at one position, shared by all heads. */
+/* cos and sin of every rotated pair's angle at one position, shared by the heads of one
+ * attention work item (a KV head and its query heads). */
 static void rope_angles(int32_t pos, const blade_hparams *hp, const float *inv_freq, float *cos_t, float *sin_t)
 {
     float p = (float)pos / hp->rope_scale;
@@ -318,7 +319,7 @@ static void task_attention(void *ctx, int ith, int nth)
     const blade_hparams *hp = &r->m->hp;
     const blade_layer *L = &r->m->layers[s->layer];
     int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    float *cos_t = r->rope_scratch + (size_t)ith * (size_t)(hp->n_rot + 2), *sin_t = cos_t + hp->n_rot / 2 + 1;
+    float *cos_t = r->rope_scratch + (size_t)ith * (size_t)hp->n_rot, *sin_t = cos_t + hp->n_rot / 2;
     int64_t b, e;
     split(s->n_work, ith, nth, &b, &e);
     for (int64_t i = b; i < e; i++) {
@@ -393,9 +394,10 @@ static void task_swiglu(void *ctx, int ith, int nth)
         r->ffn[i] = silu(r->ffn[i]) * r->up[i];
 }
 
-/* Adds the pending residual delta (when given), then normalises the residual stream once per distinct weight type and multiplies every
- * weight of that type in one pass of the pool. Files mixing types across projections
- * (Q4_K_M keeps some V and down projections in Q6_K) get one conversion per type. */
+/* Adds the pending residual delta (when given), then normalises the residual stream once
+ * per distinct weight type and multiplies every weight of that type in one pass of the
+ * pool. Files mixing types across projections (Q4_K_M keeps some V and down projections
+ * in Q6_K) get one conversion per type. */
 static void run_projections(step *s, float *residual_delta, const blade_weight *norm, const blade_weight **ws,
                             float **outs, int n)
 {
