@@ -36,6 +36,20 @@ static float sample(void)
 static const uint32_t all_types[] = {BLADE_TYPE_F32,  BLADE_TYPE_F16,  BLADE_TYPE_BF16, BLADE_TYPE_Q8_0,
                                      BLADE_TYPE_Q4_0, BLADE_TYPE_Q4_K, BLADE_TYPE_Q5_K, BLADE_TYPE_Q6_K};
 #define N_TYPES (sizeof all_types / sizeof all_types[0])
+/* The layouts blade_matmul_repack makes at load; every ISA must give the same bits. */
+static const uint32_t r16_types[] = {BLADE_KTYPE_Q8_0_R16, BLADE_KTYPE_Q4_0_R16};
+
+static const char *type_name(uint32_t type)
+{
+    switch (type) {
+    case BLADE_KTYPE_Q8_0_R16:
+        return "Q8_0_R16";
+    case BLADE_KTYPE_Q4_0_R16:
+        return "Q4_0_R16";
+    default:
+        return blade_type_traits_get(type)->name;
+    }
+}
 
 typedef struct mm_case {
     uint32_t type;
@@ -66,8 +80,11 @@ static void fix_scales(uint32_t type, uint8_t *blk)
     }
 }
 
-static mm_case make_case(uint32_t type, int64_t n, int64_t rows, int64_t ntok)
+/* For a repacked kernel type the weights are made in the base type's file layout and then
+ * repacked, as the model loader does. */
+static mm_case make_case(uint32_t ktype, int64_t n, int64_t rows, int64_t ntok)
 {
+    uint32_t type = blade_matmul_base_type(ktype);
     const blade_type_traits *tr = blade_type_traits_get(type);
     mm_case c = {.type = type, .n = n, .rows = rows, .ntok = ntok};
     c.w_stride = blade_type_row_bytes(type, n);
@@ -87,6 +104,12 @@ static mm_case make_case(uint32_t type, int64_t n, int64_t rows, int64_t ntok)
     }
     for (int64_t r = 0; r < rows; r++)
         tr->to_float(c.W + r * c.w_stride, c.wf + r * n, n);
+    if (ktype != type) {
+        assert_int_equal(blade_matmul_repacked_type(type, n, rows), ktype);
+        blade_matmul_repack(type, c.W, n, rows);
+        c.type = ktype;
+        c.w_stride = blade_matmul_row_bytes(ktype, n);
+    }
     c.x = malloc(sizeof(float) * (size_t)(n * ntok));
     for (int64_t i = 0; i < n * ntok; i++)
         c.x[i] = sample();
@@ -116,7 +139,7 @@ static void mm(const mm_case *c, float *Y, int64_t t0, int64_t t1, int64_t r0, i
 
 static void check_invariance(uint32_t type, int64_t n)
 {
-    const int64_t rows = 37, ntok = 37;
+    const int64_t align = blade_matmul_row_align(type), rows = align > 1 ? 3 * align : 37, ntok = 37;
     mm_case c = make_case(type, n, rows, ntok);
     size_t ybytes = sizeof(float) * (size_t)(rows * ntok);
     float *one = malloc(ybytes), *y = malloc(ybytes);
@@ -132,7 +155,7 @@ static void check_invariance(uint32_t type, int64_t n)
             memset(y, 0xff, ybytes);
             mm(&c, y, 0, nt, 0, rows);
             if (memcmp(y, one, sizeof(float) * (size_t)(rows * nt)) != 0)
-                fail_msg("%s on %s: %ld-token batch differs from single tokens", blade_type_traits_get(type)->name,
+                fail_msg("%s on %s: %ld-token batch differs from single tokens", type_name(type),
                          blade_isa_name((blade_isa)isa), (long)nt);
         }
         /* Arbitrary row and token splits, as threads and callers would make them. */
@@ -142,7 +165,7 @@ static void check_invariance(uint32_t type, int64_t n)
                 int64_t t1 = t0 + 1 + (int64_t)(next_u64() % 11);
                 t1 = t1 > ntok ? ntok : t1;
                 for (int64_t r0 = 0; r0 < rows;) {
-                    int64_t r1 = r0 + 1 + (int64_t)(next_u64() % 9);
+                    int64_t r1 = r0 + align * (1 + (int64_t)(next_u64() % 9));
                     r1 = r1 > rows ? rows : r1;
                     mm(&c, y, t0, t1, r0, r1);
                     r0 = r1;
@@ -150,7 +173,7 @@ static void check_invariance(uint32_t type, int64_t n)
                 t0 = t1;
             }
             if (memcmp(y, one, ybytes) != 0)
-                fail_msg("%s on %s: split call differs from single tokens", blade_type_traits_get(type)->name,
+                fail_msg("%s on %s: split call differs from single tokens", type_name(type),
                          blade_isa_name((blade_isa)isa));
         }
     }
@@ -177,6 +200,10 @@ static void test_invariance_q32(void **state)
     check_invariance(BLADE_TYPE_Q4_0, 13 * 32);
     check_invariance(BLADE_TYPE_Q8_0, 8 * 32);
     check_invariance(BLADE_TYPE_Q4_0, 8 * 32);
+    for (size_t i = 0; i < sizeof r16_types / sizeof r16_types[0]; i++) {
+        check_invariance(r16_types[i], 13 * 32);
+        check_invariance(r16_types[i], 8 * 32);
+    }
 }
 
 static void test_invariance_k(void **state)
@@ -209,6 +236,7 @@ static void test_invariance_k(void **state)
 
 static double act_bound(uint32_t type, const float *w, const float *x, int64_t n)
 {
+    type = blade_matmul_base_type(type);
     int64_t block = type == BLADE_TYPE_Q8_0 || type == BLADE_TYPE_Q4_0                           ? 32
                     : type == BLADE_TYPE_Q4_K || type == BLADE_TYPE_Q5_K || type == BLADE_TYPE_Q6_K ? 256
                                                                                                     : 0;
@@ -229,9 +257,11 @@ static double act_bound(uint32_t type, const float *w, const float *x, int64_t n
     return b;
 }
 
+/* Repacked types promise more than the bound: the same bits on every ISA. */
 static void check_accuracy(uint32_t type, int64_t n)
 {
-    const int64_t rows = 19, ntok = 7;
+    bool same_bits = blade_matmul_base_type(type) != type;
+    const int64_t rows = same_bits ? 2 * BLADE_R16_ROWS : 19, ntok = 7;
     mm_case c = make_case(type, n, rows, ntok);
     size_t ybytes = sizeof(float) * (size_t)(rows * ntok);
     float *ys = malloc(ybytes), *y = malloc(ybytes);
@@ -251,20 +281,22 @@ static void check_accuracy(uint32_t type, int64_t n)
             double b = act_bound(type, w, x, n);
             double err = fabs(ys[t * rows + r] - ref);
             if (err > b + round_k * (s + b))
-                fail_msg("%s scalar: row %ld token %ld: %g vs %g (bound %g)", blade_type_traits_get(type)->name,
+                fail_msg("%s scalar: row %ld token %ld: %g vs %g (bound %g)", type_name(type),
                          (long)r, (long)t, ys[t * rows + r], ref, b + round_k * (s + b));
             sum_err += err;
             sum_bound += b;
         }
     }
     if (sum_bound > 0.0 && sum_err > 0.25 * sum_bound)
-        fail_msg("%s scalar: mean error %g exceeds a quarter of the worst-case bound %g",
-                 blade_type_traits_get(type)->name, sum_err, sum_bound);
+        fail_msg("%s scalar: mean error %g exceeds a quarter of the worst-case bound %g", type_name(type), sum_err,
+                 sum_bound);
     for (int isa = 1; isa < BLADE_ISA_COUNT; isa++) {
         if (!blade_isa_supported((blade_isa)isa))
             continue;
         blade_isa_set((blade_isa)isa);
         mm(&c, y, 0, ntok, 0, rows);
+        if (same_bits && memcmp(y, ys, ybytes) != 0)
+            fail_msg("%s on %s: not the scalar kernel's bits", type_name(type), blade_isa_name((blade_isa)isa));
         for (int64_t t = 0; t < ntok; t++) {
             for (int64_t r = 0; r < rows; r++) {
                 const float *w = c.wf + r * n, *x = c.x + t * n;
@@ -276,7 +308,7 @@ static void check_accuracy(uint32_t type, int64_t n)
                 double err = fabs((double)y[t * rows + r] - ys[t * rows + r]);
                 if (!(err <= tol))
                     fail_msg("%s %s: row %ld token %ld: %.9g vs scalar %.9g (tol %g)",
-                             blade_type_traits_get(type)->name, blade_isa_name((blade_isa)isa), (long)r, (long)t,
+                             type_name(type), blade_isa_name((blade_isa)isa), (long)r, (long)t,
                              y[t * rows + r], ys[t * rows + r], tol);
             }
         }
@@ -296,6 +328,39 @@ static void test_accuracy(void **state)
                         : 1056;
         check_accuracy(all_types[i], n);
     }
+    for (size_t i = 0; i < sizeof r16_types / sizeof r16_types[0]; i++)
+        check_accuracy(r16_types[i], 1056);
+}
+
+/* ---- repacking ---- */
+
+static void test_repack(void **state)
+{
+    (void)state;
+    const uint32_t bases[] = {BLADE_TYPE_Q8_0, BLADE_TYPE_Q4_0};
+    const int64_t n = 5 * 32, rows = 3 * BLADE_R16_ROWS;
+    for (size_t i = 0; i < 2; i++) {
+        uint32_t ktype = blade_matmul_repacked_type(bases[i], n, rows);
+        assert_int_equal(ktype, r16_types[i]);
+        assert_int_equal(blade_matmul_base_type(ktype), bases[i]);
+        assert_int_equal(blade_matmul_row_align(ktype), BLADE_R16_ROWS);
+        assert_int_equal(blade_matmul_row_bytes(ktype, n), blade_type_row_bytes((blade_type)bases[i], n));
+        /* Every row reads back as the file layout's row, bit for bit. */
+        mm_case c = make_case(ktype, n, rows, 1);
+        float *row = malloc(sizeof(float) * (size_t)n);
+        for (int64_t r = 0; r < rows; r++) {
+            blade_matmul_row_to_float(ktype, c.W, n, r, row);
+            if (memcmp(row, c.wf + r * n, sizeof(float) * (size_t)n) != 0)
+                fail_msg("%s row %ld does not read back as its file row", type_name(ktype), (long)r);
+        }
+        free(row);
+        free_case(&c);
+    }
+    /* Shapes without whole groups of rows, and other types, keep the file layout. */
+    assert_int_equal(blade_matmul_repacked_type(BLADE_TYPE_Q4_0, n, rows + 1), 0);
+    assert_int_equal(blade_matmul_repacked_type(BLADE_TYPE_Q4_K, 256, rows), 0);
+    assert_int_equal(blade_matmul_base_type(BLADE_TYPE_Q4_K), BLADE_TYPE_Q4_K);
+    assert_int_equal(blade_matmul_row_align(BLADE_TYPE_Q4_0), 1);
 }
 
 /* ---- activation conversion ---- */
@@ -427,6 +492,11 @@ static void test_isa(void **state)
         assert_non_null(blade_matmul_avx2_kernel(t));
         assert_non_null(blade_matmul_scalar_kernel(t));
     }
+    for (size_t i = 0; i < sizeof r16_types / sizeof r16_types[0]; i++) {
+        assert_null(blade_matmul_avx512_kernel(r16_types[i], &plain));
+        assert_non_null(blade_matmul_avx2_kernel(r16_types[i]));
+        assert_non_null(blade_matmul_scalar_kernel(r16_types[i]));
+    }
 #endif
     fprintf(stderr, "active ISA: %s (vnni %d, bf16 %d)\n", blade_isa_name(best), f->avx512vnni, f->avx512bf16);
 }
@@ -437,6 +507,7 @@ int main(void)
         cmocka_unit_test(test_isa),
         cmocka_unit_test(test_act_convert),
         cmocka_unit_test(test_act_convert_isas),
+        cmocka_unit_test(test_repack),
         cmocka_unit_test(test_invariance_float),
         cmocka_unit_test(test_invariance_q32),
         cmocka_unit_test(test_invariance_k),

@@ -94,6 +94,11 @@ gguf_file *gguf_open(const char *path, blade_error *err);
 /* Parses a buffer the caller keeps alive (used by tests); same validation. */
 gguf_file *gguf_open_memory(const void *buf, size_t size, blade_error *err);
 void gguf_close(gguf_file *f);
+/* Makes the tensor data of a file gguf_open mapped writable (returning the map's start, to
+ * which tensor offsets apply) or read-only again (returning NULL), so a loader can
+ * rearrange weights in place once. NULL for memory given to gguf_open_memory, which the
+ * caller owns, or when the protection cannot be changed. */
+uint8_t *gguf_set_writable(gguf_file *f, bool writable);
 
 const char *gguf_value_type_name(gguf_value_type t);
 

@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "blade/types.h"
+
 typedef enum blade_isa {
     BLADE_ISA_SCALAR = 0,
     BLADE_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
@@ -49,6 +51,38 @@ void blade_act_convert(uint32_t weight_type, const float *x, void *out, int64_t 
  * activations, x_stride bytes apart. Each weight block is loaded once per tile of tokens. */
 void blade_matmul(uint32_t weight_type, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
                   float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1);
+
+/* ---- load-time repacking ----
+ * Q4_0 and Q8_0 matrices are rearranged once, at load, into groups of 16 rows ("R16"):
+ * per 32-block, the 16 rows' fp16 scales, then their quants in 64-byte vectors that each
+ * hold the same 4 elements of all 16 rows (Q8_0 quants stored as q+128). One integer
+ * dot-product instruction against the token's 4 activations, broadcast, then advances 16
+ * rows at once and no horizontal sums are needed; the activations come straight from the
+ * converted row. The bytes are the same in number as the file's, so the rearrangement
+ * happens in place.
+ *
+ * Every ISA performs the same operations per output in the same order for R16 types
+ * (exact integer sums per block, then acc = fma(sum, w_scale * x_scale, acc) block by
+ * block), so their results are bit-identical to the portable kernel's. */
+enum {
+    BLADE_KTYPE_Q4_0_R16 = 0x100 + BLADE_TYPE_Q4_0,
+    BLADE_KTYPE_Q8_0_R16 = 0x100 + BLADE_TYPE_Q8_0,
+};
+#define BLADE_R16_ROWS 16
+
+/* The repacked type for a matrix of this type and shape, or 0 when it has none. */
+uint32_t blade_matmul_repacked_type(uint32_t type, int64_t n_in, int64_t n_out);
+/* Rearranges n_out rows of n_in elements in place into blade_matmul_repacked_type's layout. */
+void blade_matmul_repack(uint32_t type, void *data, int64_t n_in, int64_t n_out);
+/* The GGUF type whose values a kernel type holds (itself for GGUF types). */
+uint32_t blade_matmul_base_type(uint32_t type);
+/* Row ranges given to blade_matmul must start and end on multiples of this. */
+int64_t blade_matmul_row_align(uint32_t type);
+/* The w_stride blade_matmul wants for rows of n elements (for R16 types: one row's share
+ * of a group). */
+size_t blade_matmul_row_bytes(uint32_t type, int64_t n);
+/* Row r of a matrix of any kernel type as floats, exactly as the type's to_float gives it. */
+void blade_matmul_row_to_float(uint32_t type, const void *W, int64_t n, int64_t r, float *out);
 
 /* ---- thread pool ---- */
 

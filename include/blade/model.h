@@ -41,7 +41,7 @@ typedef struct blade_hparams {
 /* A matrix (or vector) in the file: n_out rows of n_in elements of `type`. */
 typedef struct blade_weight {
     const void *data;
-    uint32_t type;
+    uint32_t type; /* a GGUF type, or a kernel layout the loader repacked it into (kernels.h) */
     int64_t n_in;
     int64_t n_out;
 } blade_weight;

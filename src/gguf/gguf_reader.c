@@ -735,6 +735,16 @@ gguf_file *gguf_open(const char *path, blade_error *err)
     return f;
 }
 
+uint8_t *gguf_set_writable(gguf_file *f, bool writable)
+{
+    if (!f->owns_map)
+        return NULL;
+    /* A private mapping of the file takes writes copy-on-write, page by page. */
+    if (mprotect((void *)f->map, f->map_bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ) != 0 || !writable)
+        return NULL;
+    return (uint8_t *)f->map;
+}
+
 void gguf_close(gguf_file *f)
 {
     if (!f)

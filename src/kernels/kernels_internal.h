@@ -59,6 +59,27 @@ static inline act_k_view act_k_at(const void *row, int64_t n)
     return (act_k_view){(const int8_t *)p, (const float *)(p + qb), (const int16_t *)(p + qb + db)};
 }
 
+/* R16 layouts (kernels.h). A group of 16 rows is n/32 blocks of r16_block_bytes, each 16
+ * fp16 scales (row order) followed by the quants in 64-byte chunks of 4 bytes per row:
+ * Q4_0 chunk c holds bytes qs[4c..4c+3] of every row, so its low nibbles are elements
+ * 4c..4c+3 and its high nibbles 16+4c..16+4c+3 (the "4-groups" c and c+4); Q8_0 chunk j
+ * holds elements 4j..4j+3 of every row as unsigned q+128. A block's integer dot product
+ * with a token starts from r16_start (the weight offset times the activation sum) so that
+ * unsigned-by-signed byte products give the exact signed sum. */
+#define R16_SCALES 32
+#define R16_Q4_CHUNKS 4
+#define R16_Q8_CHUNKS 8
+
+static inline size_t r16_block_bytes(uint32_t ktype)
+{
+    return R16_SCALES + 64 * (size_t)(ktype == BLADE_KTYPE_Q4_0_R16 ? R16_Q4_CHUNKS : R16_Q8_CHUNKS);
+}
+
+static inline int32_t r16_start(uint32_t ktype, int32_t act_sum)
+{
+    return (ktype == BLADE_KTYPE_Q4_0_R16 ? -8 : -128) * act_sum;
+}
+
 /* Vector activation converters, byte-identical to the portable ones (the same IEEE
  * operations element by element; NaNs are ignored by the block maximum and quantize to
  * -127 in both). They fill the arrays of a row that blade_act_convert has zeroed. NULL
@@ -95,6 +116,27 @@ blade_act_fn blade_act_avx512_converter(uint32_t type);
     default:                                                                                                           \
         CALL(8 <= (TMAX) ? 8 : (TMAX));                                                                                \
         break;                                                                                                         \
+    }
+
+/* The same for nt <= 16 (R16 tiles, whose accumulators are one vector per token). */
+#define WITH_CONST_T16(nt, CALL)                                                                                       \
+    switch (nt) {                                                                                                      \
+    case 1: CALL(1); break;                                                                                            \
+    case 2: CALL(2); break;                                                                                            \
+    case 3: CALL(3); break;                                                                                            \
+    case 4: CALL(4); break;                                                                                            \
+    case 5: CALL(5); break;                                                                                            \
+    case 6: CALL(6); break;                                                                                            \
+    case 7: CALL(7); break;                                                                                            \
+    case 8: CALL(8); break;                                                                                            \
+    case 9: CALL(9); break;                                                                                            \
+    case 10: CALL(10); break;                                                                                          \
+    case 11: CALL(11); break;                                                                                          \
+    case 12: CALL(12); break;                                                                                          \
+    case 13: CALL(13); break;                                                                                          \
+    case 14: CALL(14); break;                                                                                          \
+    case 15: CALL(15); break;                                                                                          \
+    default: CALL(16); break;                                                                                          \
     }
 
 /* One weight type's kernel on one ISA: the blade_matmul contract minus the type. */

@@ -12,7 +12,7 @@
 size_t blade_act_row_bytes(uint32_t weight_type, int64_t n)
 {
     size_t un = (size_t)n;
-    switch (weight_type) {
+    switch (blade_matmul_base_type(weight_type)) {
     case BLADE_TYPE_F32:
     case BLADE_TYPE_F16:
         return act_pad(un * sizeof(float));
@@ -92,6 +92,7 @@ static void convert_k(const float *x, uint8_t *out, int64_t n)
 
 void blade_act_convert(uint32_t weight_type, const float *x, void *out, int64_t n)
 {
+    weight_type = blade_matmul_base_type(weight_type);
     size_t bytes = blade_act_row_bytes(weight_type, n);
     /* Zeroing first makes every padding byte an exact zero for the kernels' whole-vector
      * loads; the cost is small next to the conversion itself. */
@@ -152,6 +153,12 @@ void blade_matmul(uint32_t weight_type, const void *W, size_t w_stride, const vo
         /* A caller bug (blade_matmul_supported says which types work), and returning
          * garbage would be worse than stopping. */
         fprintf(stderr, "blade_matmul: unsupported weight type %u\n", weight_type);
+        abort();
+    }
+    int64_t align = blade_matmul_row_align(weight_type);
+    if (r0 % align != 0 || (r1 % align != 0)) {
+        fprintf(stderr, "blade_matmul: rows %lld..%lld of a type %u matrix are not whole groups of %lld\n",
+                (long long)r0, (long long)r1, weight_type, (long long)align);
         abort();
     }
     fn(W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);

@@ -169,6 +169,120 @@ TGT static void mm_q8_0(const void *W, size_t w_stride, const void *X, size_t x_
     q32_matmul(false, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
 }
 
+/* ------------------------------------------------------------------- R16 ----
+ * Q4_0/Q8_0 repacked at load (kernels_internal.h), eight rows per vector: each group is
+ * two halves. The integer block sums are the AVX-512 kernel's (exact, however formed):
+ * Q4_0's eight vpmaddubsw results add up in int16 (8 x 2 x 15 x 127 < 2^15) before one
+ * widening vpmaddwd; Q8_0's unsigned q+128 goes back to signed and uses the sign trick
+ * above, widening per 4-group. The float step per block is the same convert, scale
+ * product and FMA, so results match the other ISAs bit for bit. */
+
+#define R16_TILE_T 4
+
+typedef struct r16_w {
+    __m256i q[8];
+    __m256 d;
+} r16_w;
+
+/* Half h (rows 8h..8h+7) of one block. Q8_0 quants come back signed. */
+TGT INLINE void r16_load(bool q4, const uint8_t *blk, int h, r16_w *w)
+{
+    w->d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+    const uint8_t *q = blk + R16_SCALES + 32 * h;
+    if (q4) {
+        const __m256i low = _mm256_set1_epi8(0x0F);
+        for (int c = 0; c < R16_Q4_CHUNKS; c++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * c));
+            w->q[c] = _mm256_and_si256(v, low);
+            w->q[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
+    } else {
+        for (int j = 0; j < R16_Q8_CHUNKS; j++)
+            w->q[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + 64 * j)),
+                                       _mm256_set1_epi8((char)0x80));
+    }
+}
+
+TGT INLINE __m256i bcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+TGT INLINE __m256 r16_step(bool q4, const r16_w *w, const int8_t *xq, float xd, int32_t start, __m256 acc)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i isum;
+    if (q4) {
+        __m256i s16 = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++)
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w->q[j], bcast4(xq + 4 * j)));
+        isum = _mm256_add_epi32(_mm256_madd_epi16(s16, ones), _mm256_set1_epi32(start));
+    } else {
+        isum = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w->q[j]), _mm256_sign_epi8(bcast4(xq + 4 * j), w->q[j]));
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+        }
+    }
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(w->d, _mm256_set1_ps(xd)), acc);
+}
+
+/* Half h of one group against T tokens; start is the Q4_0 offset term (Q8_0 needs none
+ * here, its products are signed). */
+TGT INLINE void r16_tile(bool q4, int T, const uint8_t *group, int h, int64_t nb, const act_q8_view *xa, float *Y,
+                         int64_t ldy)
+{
+    size_t bb = r16_block_bytes(q4 ? BLADE_KTYPE_Q4_0_R16 : BLADE_KTYPE_Q8_0_R16);
+    __m256 acc[R16_TILE_T];
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        r16_w w;
+        r16_load(q4, group + b * bb, h, &w);
+        for (int t = 0; t < T; t++)
+            acc[t] = r16_step(q4, &w, xa[t].q + QK8_0 * b, xa[t].d[b], q4 ? r16_start(BLADE_KTYPE_Q4_0_R16, xa[t].sum[b]) : 0, acc[t]);
+    }
+    for (int t = 0; t < T; t++)
+        _mm256_storeu_ps(Y + t * ldy + 8 * h, acc[t]);
+}
+
+TGT INLINE void r16_matmul(bool q4, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
+                           float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    int64_t nb = n / QK8_0;
+    act_q8_view xa[TOKEN_CHUNK];
+    for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {
+        int64_t c1 = c + TOKEN_CHUNK < n_tok ? c + TOKEN_CHUNK : n_tok;
+        for (int64_t t = c; t < c1; t++)
+            xa[t - c] = act_q8_at((const uint8_t *)X + t * (int64_t)x_stride, n);
+        for (int64_t g = r0; g < r1; g += BLADE_R16_ROWS) {
+            const uint8_t *group = (const uint8_t *)W + g * (int64_t)w_stride;
+            for (int h = 0; h < 2; h++)
+                for (int64_t t = c; t < c1; t += R16_TILE_T) {
+                    int64_t nt = c1 - t < R16_TILE_T ? c1 - t : R16_TILE_T;
+                    float *y = Y + t * ldy + g;
+#define R16_TILE(T) r16_tile(q4, T, group, h, nb, xa + (t - c), y, ldy)
+                    WITH_CONST_T(nt, R16_TILE_T, R16_TILE)
+#undef R16_TILE
+                }
+        }
+    }
+}
+
+TGT static void mm_q4_0_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
+                            int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    r16_matmul(true, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
+}
+
+TGT static void mm_q8_0_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
+                            int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    r16_matmul(false, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
+}
+
 /* ------------------------------------------------------------ Q4_K, Q5_K, Q6_K ----
  * Unit: a 256 super-block as eight 32-byte vectors of unsigned quants in natural order;
  * vpmaddubsw then vpmaddwd by the int16 scale of each lane, summed exactly in int32. Mins
@@ -621,6 +735,10 @@ blade_matmul_fn blade_matmul_avx2_kernel(uint32_t type)
         return mm_q5_k;
     case BLADE_TYPE_Q6_K:
         return mm_q6_k;
+    case BLADE_KTYPE_Q4_0_R16:
+        return mm_q4_0_r16;
+    case BLADE_KTYPE_Q8_0_R16:
+        return mm_q8_0_r16;
     default:
         return NULL;
     }

@@ -281,6 +281,125 @@ TGT_Q static void mm_q8_0(const void *W, size_t w_stride, const void *X, size_t 
     q32_matmul(false, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
 }
 
+/* ------------------------------------------------------------------- R16 ----
+ * Q4_0/Q8_0 repacked at load (kernels_internal.h). Per block and token: the 16 rows'
+ * integer sums in 16 lanes from eight vpdpbusd whose signed side is the token's 4 bytes
+ * broadcast (two chains of four, summed: integers, so the split is free), then one
+ * convert, one scale product and one FMA for all 16 rows. The weight side of a block is
+ * decoded once per tile of up to 16 tokens. */
+
+#define R16_TILE_T 16
+/* Tokens whose activations stay in L2 while every row group of the range passes over
+ * them (64 rows of 5632 are about 400 KiB). */
+#define R16_TOKEN_CHUNK 64
+
+typedef struct r16_w {
+    __m512i q[8];
+    __m512 d;
+} r16_w;
+
+typedef struct r16_x {
+    const int8_t *q;
+    const float *d;
+    const int32_t *start;
+} r16_x;
+
+TGT_F INLINE void r16_load(bool q4, const uint8_t *blk, r16_w *w)
+{
+    w->d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+    const uint8_t *q = blk + R16_SCALES;
+    if (q4) {
+        const __m512i low = _mm512_set1_epi8(0x0F);
+        for (int c = 0; c < R16_Q4_CHUNKS; c++) {
+            __m512i v = _mm512_loadu_si512(q + 64 * c);
+            w->q[c] = _mm512_and_si512(v, low);
+            w->q[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+    } else {
+        for (int j = 0; j < R16_Q8_CHUNKS; j++)
+            w->q[j] = _mm512_loadu_si512(q + 64 * j);
+    }
+}
+
+TGT_F INLINE __m512i bcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* x: the token's block (32 quants, its scale, its start). */
+TGT_Q INLINE __m512 r16_step(const r16_w *w, const int8_t *xq, float xd, int32_t start, __m512 acc)
+{
+    __m512i s0 = _mm512_set1_epi32(start), s1 = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, w->q[j], bcast4(xq + 4 * j));
+        s1 = _mm512_dpbusd_epi32(s1, w->q[j + 1], bcast4(xq + 4 * j + 4));
+    }
+    __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+    return _mm512_fmadd_ps(sum, _mm512_mul_ps(w->d, _mm512_set1_ps(xd)), acc);
+}
+
+/* One group of 16 rows against T tokens. */
+TGT_Q INLINE void r16_tile(bool q4, int T, const uint8_t *group, int64_t nb, const r16_x *x, float *Y, int64_t ldy)
+{
+    size_t bb = r16_block_bytes(q4 ? BLADE_KTYPE_Q4_0_R16 : BLADE_KTYPE_Q8_0_R16);
+    __m512 acc[R16_TILE_T];
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        r16_w w;
+        r16_load(q4, group + b * bb, &w);
+        for (int t = 0; t < T; t++)
+            acc[t] = r16_step(&w, x[t].q + QK8_0 * b, x[t].d[b], x[t].start[b], acc[t]);
+    }
+    for (int t = 0; t < T; t++)
+        _mm512_storeu_ps(Y + t * ldy, acc[t]);
+}
+
+TGT_Q INLINE void r16_matmul(bool q4, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
+                             float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    uint32_t ktype = q4 ? BLADE_KTYPE_Q4_0_R16 : BLADE_KTYPE_Q8_0_R16;
+    int64_t nb = n / QK8_0, chunk = n_tok < R16_TOKEN_CHUNK ? n_tok : R16_TOKEN_CHUNK;
+    int32_t *starts = pack_alloc(sizeof(int32_t) * (size_t)(chunk * nb));
+    r16_x x[R16_TOKEN_CHUNK];
+    for (int64_t c = 0; c < n_tok; c += R16_TOKEN_CHUNK) {
+        int64_t c1 = c + R16_TOKEN_CHUNK < n_tok ? c + R16_TOKEN_CHUNK : n_tok;
+        for (int64_t t = c; t < c1; t++) {
+            act_q8_view a = act_q8_at((const uint8_t *)X + t * (int64_t)x_stride, n);
+            int32_t *st = starts + (t - c) * nb;
+            for (int64_t b = 0; b < nb; b++)
+                st[b] = r16_start(ktype, a.sum[b]);
+            x[t - c] = (r16_x){a.q, a.d, st};
+        }
+        for (int64_t g = r0; g < r1; g += BLADE_R16_ROWS) {
+            const uint8_t *group = (const uint8_t *)W + g * (int64_t)w_stride;
+            for (int64_t t = c; t < c1; t += R16_TILE_T) {
+                int64_t nt = c1 - t < R16_TILE_T ? c1 - t : R16_TILE_T;
+                const r16_x *xt = x + (t - c);
+                float *y = Y + t * ldy + g;
+#define R16_TILE(T) r16_tile(q4, T, group, nb, xt, y, ldy)
+                WITH_CONST_T16(nt, R16_TILE)
+#undef R16_TILE
+            }
+        }
+    }
+    free(starts);
+}
+
+TGT_Q static void mm_q4_0_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
+                              int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    r16_matmul(true, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
+}
+
+TGT_Q static void mm_q8_0_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
+                              int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    r16_matmul(false, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
+}
+
 /* ------------------------------------------------------------ Q4_K, Q5_K, Q6_K ----
  * Unit: a 256 super-block as four 64-byte vectors of unsigned quants in natural element
  * order. vpmaddubsw pairs them with the int8 activations (|q| <= 63 and |x| <= 127 keep
@@ -843,6 +962,10 @@ blade_matmul_fn blade_matmul_avx512_kernel(uint32_t type, const blade_cpu_featur
         return f->avx512vnni ? mm_q5_k : NULL;
     case BLADE_TYPE_Q6_K:
         return f->avx512vnni ? mm_q6_k : NULL;
+    case BLADE_KTYPE_Q4_0_R16:
+        return f->avx512vnni ? mm_q4_0_r16 : NULL;
+    case BLADE_KTYPE_Q8_0_R16:
+        return f->avx512vnni ? mm_q8_0_r16 : NULL;
     default:
         return NULL;
     }

@@ -1,5 +1,6 @@
 #include "kernels/kernels_internal.h"
 
+#include <math.h>
 #include <string.h>
 
 /* Portable kernels: one dot product per (row, token), written for clarity. Integer sums
@@ -156,6 +157,53 @@ static float dot_q6_k(const uint8_t *w, const void *x, int64_t n)
     return acc;
 }
 
+/* R16 (kernels_internal.h): the same exact block sums as dot_q4_0/dot_q8_0, gathered from
+ * the group's chunks and folded in with one fused multiply-add per block, the operation
+ * the vector kernels apply to 16 rows at once. */
+static void mm_r16(uint32_t ktype, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
+                   int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    bool q4 = ktype == BLADE_KTYPE_Q4_0_R16;
+    size_t blk_bytes = r16_block_bytes(ktype);
+    for (int64_t t = 0; t < n_tok; t++) {
+        act_q8_view a = act_q8_at((const uint8_t *)X + t * x_stride, n);
+        for (int64_t r = r0; r < r1; r++) {
+            int64_t rr = r % BLADE_R16_ROWS;
+            const uint8_t *group = (const uint8_t *)W + (r - rr) * w_stride;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < n / QK8_0; b++) {
+                const uint8_t *blk = group + b * blk_bytes;
+                const int8_t *xq = a.q + b * QK8_0;
+                int32_t isum = r16_start(ktype, a.sum[b]);
+                for (int c = 0; c < (q4 ? R16_Q4_CHUNKS : R16_Q8_CHUNKS); c++)
+                    for (int i = 0; i < 4; i++) {
+                        uint8_t v = blk[R16_SCALES + 64 * c + 4 * rr + i];
+                        if (q4)
+                            isum += (v & 0xF) * xq[4 * c + i] + (v >> 4) * xq[16 + 4 * c + i];
+                        else
+                            isum += v * xq[4 * c + i];
+                    }
+                uint16_t h;
+                memcpy(&h, blk + 2 * rr, 2);
+                acc = fmaf((float)isum, blade_fp16_to_fp32(h) * a.d[b], acc);
+            }
+            Y[t * ldy + r] = acc;
+        }
+    }
+}
+
+static void mm_q4_0_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
+                        int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    mm_r16(BLADE_KTYPE_Q4_0_R16, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
+}
+
+static void mm_q8_0_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
+                        int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    mm_r16(BLADE_KTYPE_Q8_0_R16, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
+}
+
 static void run(dot_fn dot, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
                 int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
 {
@@ -199,6 +247,10 @@ blade_matmul_fn blade_matmul_scalar_kernel(uint32_t type)
         return mm_q5_k;
     case BLADE_TYPE_Q6_K:
         return mm_q6_k;
+    case BLADE_KTYPE_Q4_0_R16:
+        return mm_q4_0_r16;
+    case BLADE_KTYPE_Q8_0_R16:
+        return mm_q8_0_r16;
     default:
         return NULL;
     }

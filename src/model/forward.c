@@ -1,5 +1,6 @@
 #include "blade/forward.h"
 
+#include "blade/kernels.h"
 #include "blade/types.h"
 
 #include <math.h>
@@ -95,9 +96,7 @@ int32_t blade_forward_n_ctx(const blade_forward *f)
 
 static const float *weight_row(const blade_weight *w, int64_t r, float *buf)
 {
-    const blade_type_traits *t = blade_type_traits_get(w->type);
-    const uint8_t *base = (const uint8_t *)w->data + (size_t)r * blade_type_row_bytes(w->type, w->n_in);
-    t->to_float(base, buf, w->n_in);
+    blade_matmul_row_to_float(w->type, w->data, w->n_in, r, buf);
     return buf;
 }
 

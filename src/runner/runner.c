@@ -63,7 +63,16 @@ static void split(int64_t n, int ith, int nth, int64_t *begin, int64_t *end)
 
 static size_t weight_stride(const blade_weight *w)
 {
-    return blade_type_row_bytes(w->type, w->n_in);
+    return blade_matmul_row_bytes(w->type, w->n_in);
+}
+
+/* A thread's share of a weight's rows, in whole groups of the layout's row alignment. */
+static void split_rows(const blade_weight *w, int ith, int nth, int64_t *begin, int64_t *end)
+{
+    int64_t align = blade_matmul_row_align(w->type);
+    split(w->n_out / align, ith, nth, begin, end);
+    *begin *= align;
+    *end *= align;
 }
 
 /* ---- construction ---- */
@@ -244,7 +253,7 @@ static void task_matmul(void *ctx, int ith, int nth)
     for (int i = 0; i < s->n_w; i++) {
         const blade_weight *w = s->w[i];
         int64_t b, e;
-        split(w->n_out, ith, nth, &b, &e);
+        split_rows(w, ith, nth, &b, &e);
         if (b < e)
             blade_matmul(w->type, w->data, weight_stride(w), s->r->act, s->r->act_stride, w->n_in, s->out[i],
                          w->n_out, s->n_rows, b, e);
@@ -372,7 +381,7 @@ static void task_gate_up(void *ctx, int ith, int nth)
     blade_runner *r = s->r;
     const blade_layer *L = &r->m->layers[s->layer];
     int64_t n_ff = r->m->hp.n_ff, b, e;
-    split(n_ff, ith, nth, &b, &e);
+    split_rows(&L->ffn_gate, ith, nth, &b, &e);
     if (b >= e)
         return;
     blade_matmul(L->ffn_gate.type, L->ffn_gate.data, weight_stride(&L->ffn_gate), r->act, r->act_stride,
@@ -412,7 +421,7 @@ static void run_projections(step *s, float *residual_delta, const blade_weight *
         float *group_out[3] = {NULL, NULL, NULL};
         int k = 0;
         for (int j = i; j < n; j++)
-            if (!done[j] && ws[j]->type == ws[i]->type) {
+            if (!done[j] && blade_matmul_base_type(ws[j]->type) == blade_matmul_base_type(ws[i]->type)) {
                 group[k] = ws[j];
                 group_out[k++] = outs[j];
                 done[j] = true;

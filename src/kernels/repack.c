@@ -1,0 +1,106 @@
+#include "kernels/kernels_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Load-time repacking of Q4_0/Q8_0 matrices into the R16 layout (kernels.h,
+ * kernels_internal.h), and the way back for code that reads single rows. */
+
+uint32_t blade_matmul_repacked_type(uint32_t type, int64_t n_in, int64_t n_out)
+{
+    if (n_in <= 0 || n_in % QK8_0 != 0 || n_out <= 0 || n_out % BLADE_R16_ROWS != 0)
+        return 0;
+    switch (type) {
+    case BLADE_TYPE_Q4_0:
+        return BLADE_KTYPE_Q4_0_R16;
+    case BLADE_TYPE_Q8_0:
+        return BLADE_KTYPE_Q8_0_R16;
+    default:
+        return 0;
+    }
+}
+
+uint32_t blade_matmul_base_type(uint32_t type)
+{
+    switch (type) {
+    case BLADE_KTYPE_Q4_0_R16:
+        return BLADE_TYPE_Q4_0;
+    case BLADE_KTYPE_Q8_0_R16:
+        return BLADE_TYPE_Q8_0;
+    default:
+        return type;
+    }
+}
+
+int64_t blade_matmul_row_align(uint32_t type)
+{
+    return blade_matmul_base_type(type) == type ? 1 : BLADE_R16_ROWS;
+}
+
+size_t blade_matmul_row_bytes(uint32_t type, int64_t n)
+{
+    return blade_type_row_bytes((blade_type)blade_matmul_base_type(type), n);
+}
+
+/* One group of 16 rows, file layout (rows one after another) to R16. */
+static void group_to_r16(uint32_t ktype, const uint8_t *rows, size_t row_bytes, int64_t nb, uint8_t *out)
+{
+    bool q4 = ktype == BLADE_KTYPE_Q4_0_R16;
+    size_t blk_bytes = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0), out_bytes = r16_block_bytes(ktype);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = out + b * out_bytes;
+        for (int r = 0; r < BLADE_R16_ROWS; r++) {
+            const uint8_t *blk = rows + r * row_bytes + b * blk_bytes;
+            memcpy(o + 2 * r, blk, 2);
+            const uint8_t *qs = blk + 2;
+            int chunks = q4 ? R16_Q4_CHUNKS : R16_Q8_CHUNKS;
+            for (int c = 0; c < chunks; c++)
+                for (int i = 0; i < 4; i++)
+                    o[R16_SCALES + 64 * c + 4 * r + i] = q4 ? qs[4 * c + i] : (uint8_t)(qs[4 * c + i] ^ 0x80);
+        }
+    }
+}
+
+void blade_matmul_repack(uint32_t type, void *data, int64_t n_in, int64_t n_out)
+{
+    uint32_t ktype = blade_matmul_repacked_type(type, n_in, n_out);
+    if (!ktype)
+        return;
+    size_t row_bytes = blade_type_row_bytes((blade_type)type, n_in), group_bytes = BLADE_R16_ROWS * row_bytes;
+    uint8_t *tmp = malloc(group_bytes);
+    if (!tmp)
+        abort();
+    for (int64_t g = 0; g < n_out / BLADE_R16_ROWS; g++) {
+        uint8_t *p = (uint8_t *)data + g * group_bytes;
+        memcpy(tmp, p, group_bytes);
+        group_to_r16(ktype, tmp, row_bytes, n_in / QK8_0, p);
+    }
+    free(tmp);
+}
+
+void blade_matmul_row_to_float(uint32_t type, const void *W, int64_t n, int64_t r, float *out)
+{
+    uint32_t base = blade_matmul_base_type(type);
+    const blade_type_traits *tr = blade_type_traits_get(base);
+    size_t row_bytes = blade_type_row_bytes((blade_type)base, n);
+    if (base == type) {
+        tr->to_float((const uint8_t *)W + r * row_bytes, out, n);
+        return;
+    }
+    bool q4 = type == BLADE_KTYPE_Q4_0_R16;
+    int64_t rr = r % BLADE_R16_ROWS;
+    const uint8_t *group = (const uint8_t *)W + (r - rr) * row_bytes;
+    size_t in_bytes = r16_block_bytes(type);
+    int chunks = q4 ? R16_Q4_CHUNKS : R16_Q8_CHUNKS;
+    for (int64_t b = 0; b < n / QK8_0; b++) {
+        const uint8_t *in = group + b * in_bytes;
+        uint8_t blk[sizeof(block_q8_0)];
+        memcpy(blk, in + 2 * rr, 2);
+        for (int c = 0; c < chunks; c++)
+            for (int i = 0; i < 4; i++) {
+                uint8_t v = in[R16_SCALES + 64 * c + 4 * rr + i];
+                blk[2 + 4 * c + i] = q4 ? v : (uint8_t)(v ^ 0x80);
+            }
+        tr->to_float(blk, out + b * QK8_0, QK8_0);
+    }
+}
