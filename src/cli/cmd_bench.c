@@ -23,8 +23,8 @@ static void bench_usage(FILE *out)
             "Measures the model runner on this machine:\n"
             "  ppP    prompt processing: one P-token prefill in a single batch, tokens/s\n"
             "  tgN    single-sequence generation of N tokens from an empty context, tokens/s, and the\n"
-            "         fraction of the memory-bandwidth roofline (weight bytes x tokens/s / bandwidth, the\n"
-            "         bandwidth being the higher of two measurements, before and after tg)\n"
+            "         fraction of the memory-bandwidth roofline: weight bytes x tokens/s / bandwidth, with\n"
+            "         the machine's read bandwidth measured right before each tg run\n"
             "  Bx     aggregate decode tokens/s of B sequences decoding together, each with a 128-token\n"
             "         context (prefilled untimed), over 32 steps\n"
             "Each figure is the mean +- standard deviation over R runs, after one warm-up run.\n\n"
@@ -126,26 +126,44 @@ done:
 typedef struct figure {
     char name[32];
     blade_stats s;
-    double roofline; /* fraction, tg only; < 0 when not applicable */
+    bool has_roofline; /* tg */
+    blade_stats roofline;  /* fraction */
+    blade_stats bandwidth; /* bytes/s */
 } figure;
 
+/* Bytes per pass of the bandwidth probe: large enough to leave every cache, short enough
+ * (~20 ms a pass) to run before each tg repetition. */
+#define PROBE_BYTES ((size_t)1 << 30)
+
+/* With roofline set, the memory bandwidth is measured right before each timed run and
+ * that run's tokens/s is set against it: on a shared machine the bandwidth a run gets
+ * drifts from minute to minute, and a ratio of two measurements taken minutes apart
+ * would mostly measure the drift. */
 static int measure(bench *b, const char *name, double (*fn)(bench *, int32_t, blade_error *), int32_t arg, int reps,
-                   figure *out, blade_error *err)
+                   bool roofline, figure *out, blade_error *err)
 {
-    double values[64];
+    double values[64], bw[64], fraction[64];
     bool tty = isatty(STDERR_FILENO);
     snprintf(out->name, sizeof out->name, "%s", name);
     for (int r = -1; r < reps; r++) {
         if (tty)
             fprintf(stderr, "\r%-10s run %d/%d ", name, r + 2, reps + 1);
+        if (roofline && r >= 0)
+            bw[r] = blade_measure_read_bandwidth(b->pool, PROBE_BYTES, 3);
         double v = fn(b, arg, err);
         if (v < 0)
             return -1;
-        if (r >= 0)
+        if (r >= 0) {
             values[r] = v;
+            fraction[r] = roofline ? (double)b->m->weight_bytes * v / bw[r] : 0.0;
+        }
     }
     out->s = blade_stats_of(values, reps);
-    out->roofline = -1.0;
+    out->has_roofline = roofline;
+    if (roofline) {
+        out->roofline = blade_stats_of(fraction, reps);
+        out->bandwidth = blade_stats_of(bw, reps);
+    }
     return 0;
 }
 
@@ -259,33 +277,24 @@ int cmd_bench(int argc, char **argv)
     for (int32_t i = 0; i < n_blocks; i++)
         b.blocks[i] = i;
 
-    if (!json)
-        fprintf(stderr, "measuring memory read bandwidth...\n");
-    double bandwidth = blade_measure_read_bandwidth(b.pool, (size_t)1 << 30, 5);
     figure figs[20];
     int n_figs = 0;
+    const figure *tg = NULL;
     char name[32];
     if (n_prompt > 0) {
         snprintf(name, sizeof name, "pp%lld", n_prompt);
-        if (measure(&b, name, run_pp, (int32_t)n_prompt, (int)reps, &figs[n_figs++], &err))
+        if (measure(&b, name, run_pp, (int32_t)n_prompt, (int)reps, false, &figs[n_figs++], &err))
             goto done;
     }
     if (n_gen > 0) {
         snprintf(name, sizeof name, "tg%lld", n_gen);
-        if (measure(&b, name, run_tg, (int32_t)n_gen, (int)reps, &figs[n_figs], &err))
+        if (measure(&b, name, run_tg, (int32_t)n_gen, (int)reps, true, &figs[n_figs], &err))
             goto done;
-        /* Measured again right after tg: on a shared machine one measurement can catch a
-         * neighbour's burst, and the roofline is what the machine can do, so the higher
-         * of the two counts. */
-        double again = blade_measure_read_bandwidth(b.pool, (size_t)1 << 30, 5);
-        if (again > bandwidth)
-            bandwidth = again;
-        figs[n_figs].roofline = (double)b.m->weight_bytes * figs[n_figs].s.mean / bandwidth;
-        n_figs++;
+        tg = &figs[n_figs++];
     }
     for (int i = 0; i < n_batches; i++) {
         snprintf(name, sizeof name, "decode x%d", batches[i]);
-        if (measure(&b, name, run_batched, batches[i], (int)reps, &figs[n_figs++], &err))
+        if (measure(&b, name, run_batched, batches[i], (int)reps, false, &figs[n_figs++], &err))
             goto done;
     }
     if (isatty(STDERR_FILENO))
@@ -293,30 +302,36 @@ int cmd_bench(int argc, char **argv)
 
     const char *isa = blade_isa_name(blade_isa_active());
     if (json) {
-        printf("{\"model\": \"%s\", \"weight_bytes\": %zu, \"threads\": %d, \"isa\": \"%s\", \"kv_type\": \"%s\", "
-               "\"bandwidth_bytes_per_s\": %.0f, \"results\": [",
+        printf("{\"model\": \"%s\", \"weight_bytes\": %zu, \"threads\": %d, \"isa\": \"%s\", \"kv_type\": \"%s\", ",
                model_path, b.m->weight_bytes, blade_threadpool_size(b.pool), isa,
-               blade_kv_type_name((blade_kv_type)kv_type), bandwidth);
+               blade_kv_type_name((blade_kv_type)kv_type));
+        if (tg)
+            printf("\"bandwidth_bytes_per_s\": %.0f, ", tg->bandwidth.mean);
+        printf("\"results\": [");
         for (int i = 0; i < n_figs; i++) {
             printf("%s{\"test\": \"%s\", \"tokens_per_s\": %.3f, \"stddev\": %.3f", i ? ", " : "", figs[i].name,
                    figs[i].s.mean, figs[i].s.stddev);
-            if (figs[i].roofline >= 0)
-                printf(", \"roofline_fraction\": %.4f", figs[i].roofline);
+            if (figs[i].has_roofline)
+                printf(", \"roofline_fraction\": %.4f, \"roofline_stddev\": %.4f", figs[i].roofline.mean,
+                       figs[i].roofline.stddev);
             printf("}");
         }
         printf("]}\n");
     } else {
         printf("model: %s (%.2f GiB of weights, %llu parameters)\n", model_path, b.m->weight_bytes / 1073741824.0,
                (unsigned long long)b.m->n_params);
-        printf("threads: %d, kernels: %s, KV cache: %s, memory read bandwidth: %.2f GB/s\n\n",
-               blade_threadpool_size(b.pool), isa, blade_kv_type_name((blade_kv_type)kv_type), bandwidth / 1e9);
-        printf("| %-12s | %18s | %10s |\n", "test", "tokens/s", "roofline");
-        printf("| %-12s | %18s | %10s |\n", "------------", "------------------", "----------");
+        printf("threads: %d, kernels: %s, KV cache: %s", blade_threadpool_size(b.pool), isa,
+               blade_kv_type_name((blade_kv_type)kv_type));
+        if (tg)
+            printf(", memory read bandwidth: %.2f +- %.2f GB/s (before each tg run)", tg->bandwidth.mean / 1e9,
+                   tg->bandwidth.stddev / 1e9);
+        printf("\n\n| %-12s | %18s | %16s |\n", "test", "tokens/s", "roofline");
+        printf("| %-12s | %18s | %16s |\n", "------------", "------------------", "----------------");
         for (int i = 0; i < n_figs; i++) {
-            char rf[16] = "";
-            if (figs[i].roofline >= 0)
-                snprintf(rf, sizeof rf, "%.1f%%", figs[i].roofline * 100);
-            printf("| %-12s | %9.2f +- %6.2f | %10s |\n", figs[i].name, figs[i].s.mean, figs[i].s.stddev, rf);
+            char rf[32] = "";
+            if (figs[i].has_roofline)
+                snprintf(rf, sizeof rf, "%5.1f%% +- %4.1f", figs[i].roofline.mean * 100, figs[i].roofline.stddev * 100);
+            printf("| %-12s | %9.2f +- %6.2f | %16s |\n", figs[i].name, figs[i].s.mean, figs[i].s.stddev, rf);
         }
     }
     rc = 0;

@@ -292,6 +292,7 @@ TGT_Q static void mm_q8_0(const void *W, size_t w_stride, const void *X, size_t 
 /* Tokens whose activations stay in L2 while every row group of the range passes over
  * them (64 rows of 5632 are about 400 KiB). */
 #define R16_TOKEN_CHUNK 64
+#define R16_LOCAL_STARTS 2048
 
 typedef struct r16_w {
     __m512i q[8];
@@ -362,7 +363,10 @@ TGT_Q INLINE void r16_matmul(bool q4, const void *W, size_t w_stride, const void
 {
     uint32_t ktype = q4 ? BLADE_KTYPE_Q4_0_R16 : BLADE_KTYPE_Q8_0_R16;
     int64_t nb = n / QK8_0, chunk = n_tok < R16_TOKEN_CHUNK ? n_tok : R16_TOKEN_CHUNK;
-    int32_t *starts = pack_alloc(sizeof(int32_t) * (size_t)(chunk * nb));
+    /* Small calls (one token, short rows) are common in decode and must not pay for an
+     * allocation. */
+    int32_t local[R16_LOCAL_STARTS];
+    int32_t *starts = chunk * nb <= R16_LOCAL_STARTS ? local : pack_alloc(sizeof(int32_t) * (size_t)(chunk * nb));
     r16_x x[R16_TOKEN_CHUNK];
     for (int64_t c = 0; c < n_tok; c += R16_TOKEN_CHUNK) {
         int64_t c1 = c + R16_TOKEN_CHUNK < n_tok ? c + R16_TOKEN_CHUNK : n_tok;
@@ -385,7 +389,8 @@ TGT_Q INLINE void r16_matmul(bool q4, const void *W, size_t w_stride, const void
             }
         }
     }
-    free(starts);
+    if (starts != local)
+        free(starts);
 }
 
 TGT_Q static void mm_q4_0_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
