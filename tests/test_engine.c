@@ -91,10 +91,12 @@ static char *small_model(void)
     return path;
 }
 
-static blade_engine *engine_with(const blade_model *m, size_t kv_blocks, int32_t budget, int32_t max_seqs)
+static blade_engine *engine_in_mode(const blade_model *m, size_t kv_blocks, int32_t budget, int32_t max_seqs,
+                                    blade_sched_mode mode)
 {
     blade_engine_config cfg;
     blade_engine_config_default(&cfg);
+    cfg.sched.mode = mode;
     cfg.n_threads = 2;
     cfg.kv_mem_bytes = kv_blocks * blade_kv_block_bytes(&m->hp, cfg.kv_type, cfg.block_size);
     cfg.sched.max_batch_tokens = budget;
@@ -105,6 +107,11 @@ static blade_engine *engine_with(const blade_model *m, size_t kv_blocks, int32_t
     if (!e)
         fail_msg("%s", err.msg);
     return e;
+}
+
+static blade_engine *engine_with(const blade_model *m, size_t kv_blocks, int32_t budget, int32_t max_seqs)
+{
+    return engine_in_mode(m, kv_blocks, budget, max_seqs, BLADE_SCHED_CONTINUOUS);
 }
 
 static uint64_t submit(blade_engine *e, const spec *s, result *r, bool logits)
@@ -202,24 +209,32 @@ static void test_invariance_under_load(void **state)
     }
     blade_engine_free(solo, true);
 
+    /* The last one batches statically: finished members keep their seats (and blocks)
+     * until the batch ends, under the same small pool. */
     static const struct {
         size_t blocks;
         int32_t budget, max_seqs;
-    } configs[] = {{40, 64, 8}, {24, 7, 16}, {64, 33, 32}};
+        blade_sched_mode mode;
+    } configs[] = {{40, 64, 8, BLADE_SCHED_CONTINUOUS},
+                   {24, 7, 16, BLADE_SCHED_CONTINUOUS},
+                   {64, 33, 32, BLADE_SCHED_CONTINUOUS},
+                   {40, 64, 8, BLADE_SCHED_STATIC}};
     for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
-        blade_engine *e = engine_with(m, configs[c].blocks, configs[c].budget, configs[c].max_seqs);
+        blade_engine *e =
+            engine_in_mode(m, configs[c].blocks, configs[c].budget, configs[c].max_seqs, configs[c].mode);
         result *got = malloc(N_REQ * sizeof *got);
         for (int i = 0; i < N_REQ; i++) {
             result_init(&got[i], nv);
             submit(e, &specs[i], &got[i], true);
-            /* the first engine gets a burst, so its small pool must preempt; the others
-             * see requests arriving while earlier ones run */
-            if (c > 0 && rnd() % 2)
+            /* the first and the static engine get a burst, so their small pools must
+             * preempt; the others see requests arriving while earlier ones run */
+            if (c > 0 && configs[c].mode != BLADE_SCHED_STATIC && rnd() % 2)
                 usleep(rnd() % 3000);
         }
         blade_engine_wait_idle(e);
         char what[64];
-        snprintf(what, sizeof what, "%zu blocks, budget %d", configs[c].blocks, configs[c].budget);
+        snprintf(what, sizeof what, "%zu blocks, budget %d%s", configs[c].blocks, configs[c].budget,
+                 configs[c].mode == BLADE_SCHED_STATIC ? ", static" : "");
         for (int i = 0; i < N_REQ; i++) {
             assert_true(got[i].done);
             assert_same(&alone[i], &got[i], i, what);
@@ -230,7 +245,7 @@ static void test_invariance_under_load(void **state)
         print_message("%s: %llu steps, %llu preemptions, max %d running, prefix hit rate %.2f\n", what,
                       (unsigned long long)st.steps, (unsigned long long)st.preemptions, st.max_running,
                       st.prefix_hit_rate);
-        if (c == 0)
+        if (c == 0 || configs[c].mode == BLADE_SCHED_STATIC)
             assert_true(st.preemptions > 0);
         assert_true(st.prefix_hit_tokens > 0);
         assert_clean(e, what);
@@ -250,6 +265,75 @@ static uint64_t computed(blade_engine *e)
     blade_engine_stats st;
     blade_engine_stats_get(e, &st);
     return st.computed_tokens;
+}
+
+/* Static batching is a fixed-shape batch: a member that finishes is answered at once, but
+ * its seat keeps computing until the longest member ends, and requests arriving meanwhile
+ * wait for the next batch. Counted in computed tokens, not timed. */
+static void test_static_batch_pads_finished_seats(void **state)
+{
+    (void)state;
+    char *path = small_model();
+    blade_error err = {{0}};
+    blade_model *m = blade_model_load(path, &err);
+    assert_non_null(m);
+    spec *specs = calloc(3, sizeof *specs);
+    const int32_t max_tokens[3] = {300, 3, 10};
+    for (int i = 0; i < 3; i++) {
+        specs[i].n_prompt = 20;
+        for (int t = 0; t < 20; t++)
+            specs[i].prompt[t] = 3 + (int32_t)(rnd() % 390);
+        specs[i].max_tokens = max_tokens[i];
+        specs[i].ignore_eos = true;
+    }
+    result alone[3], got[3];
+    blade_engine *solo = engine_with(m, 512, 512, 8);
+    for (int i = 1; i < 3; i++) {
+        result_init(&alone[i], m->hp.n_vocab);
+        submit(solo, &specs[i], &alone[i], true);
+        blade_engine_wait_idle(solo);
+    }
+    blade_engine_free(solo, true);
+
+    blade_engine *e = engine_in_mode(m, 512, 512, 8, BLADE_SCHED_STATIC);
+    for (int i = 0; i < 3; i++) {
+        result_init(&got[i], m->hp.n_vocab);
+        submit(e, &specs[i], &got[i], true);
+        /* the long first request makes a batch of its own; the two others arrive while it
+         * runs and form the next one together */
+        for (int spin = 0; i == 0 && spin < 10000; spin++) {
+            pthread_mutex_lock(&got[0].mu);
+            int n = got[0].n;
+            pthread_mutex_unlock(&got[0].mu);
+            if (n >= 1)
+                break;
+            usleep(100);
+        }
+    }
+    blade_engine_wait_idle(e);
+    blade_engine_stats st;
+    blade_engine_stats_get(e, &st);
+    for (int i = 0; i < 3; i++) {
+        assert_true(got[i].done);
+        assert_int_equal(got[i].n, max_tokens[i] < MAX_GEN + 1 ? max_tokens[i] : MAX_GEN + 1);
+    }
+    for (int i = 1; i < 3; i++)
+        assert_same(&alone[i], &got[i], i, "static batch");
+    /* prompts, then one token per decode step per seat: the 3-token request's seat runs for
+     * all 9 decode steps of its 10-token partner */
+    assert_int_equal(st.computed_tokens, (20 + 299) + (40 + 2 * 9));
+    assert_int_equal(st.generated_tokens, 300 + 3 + 10);
+    assert_int_equal(st.requests_finished, 3);
+    assert_clean(e, "static batch");
+    blade_engine_free(e, true);
+    for (int i = 0; i < 3; i++) {
+        if (i)
+            result_free(&alone[i]);
+        result_free(&got[i]);
+    }
+    free(specs);
+    blade_model_free(m);
+    free(path);
 }
 
 /* A request sharing 960 of its 1000 prompt tokens with a finished one computes only the
@@ -466,7 +550,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_invariance_under_load), cmocka_unit_test(test_prefix_reuse_and_salt),
-        cmocka_unit_test(test_abort_frees_blocks),    cmocka_unit_test(test_rejects_bad_requests),
+        cmocka_unit_test(test_abort_frees_blocks),    cmocka_unit_test(test_static_batch_pads_finished_seats),    cmocka_unit_test(test_rejects_bad_requests),
         cmocka_unit_test(test_stop_strings_real_model), cmocka_unit_test(test_choices_share_prompt),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

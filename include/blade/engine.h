@@ -105,7 +105,8 @@ void blade_engine_free(blade_engine *e, bool drain);
 
 /* Validates and queues a request; returns its id (> 0), or 0 with err set. */
 uint64_t blade_engine_submit(blade_engine *e, const blade_request *r, blade_error *err);
-/* Aborts a request (all its choices): its blocks return to the pool within one step and its
+/* Aborts a request (all its choices): its blocks return to the pool within one step (with
+ * --scheduler static, when its batch ends: a fixed-shape batch keeps every seat) and its
  * callback gets a BLADE_FINISH_ABORT event per unfinished choice. Returns false for an id
  * that was never issued. */
 bool blade_engine_abort(blade_engine *e, uint64_t id);

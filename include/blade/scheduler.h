@@ -31,7 +31,9 @@ typedef enum blade_traffic_class {
 
 typedef enum blade_sched_mode {
     BLADE_SCHED_CONTINUOUS = 0,
-    BLADE_SCHED_STATIC = 1 /* form a batch, run it to completion, then form the next */
+    /* form a batch, run it to completion, then form the next; the engine keeps a finished
+     * member's seat computing until the batch ends, as a fixed-shape batch does */
+    BLADE_SCHED_STATIC = 1
 } blade_sched_mode;
 
 typedef enum blade_seq_state {

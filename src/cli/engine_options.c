@@ -49,7 +49,8 @@ void cli_engine_usage(FILE *out)
             "      --batch-aging-steps N  steps after which a waiting batch request ranks as interactive\n"
             "                             (default 256)\n"
             "baseline modes (to measure what each technique buys):\n"
-            "      --scheduler static     form a batch and run it to completion (default: continuous)\n"
+            "      --scheduler static     request-level batching: form a batch and run it to completion,\n"
+            "                             finished members keeping their seats (default: continuous)\n"
             "      --no-prefix-cache      never reuse cached prompt blocks\n"
             "      --no-chunked-prefill   run each prompt whole, in a step of its own\n"
             "      --kv-alloc contiguous  reserve each request's maximum length up front (default: paged)\n");

@@ -29,6 +29,9 @@ typedef struct request_state {
     int32_t logprobs;
     bool want_logits;
     bool pin_prefix;
+    /* Static batching only: answered in full, but its seat in the batch keeps computing
+     * (tokens nobody sees) until every member has finished, as in a fixed-shape batch. */
+    bool padding;
     char *salt;
     int32_t *tokens;
     int32_t cap_tokens;
@@ -62,6 +65,7 @@ struct blade_engine {
     uint64_t *aborts;
     int32_t n_aborts, cap_aborts;
     bool stopping, drain, loop_idle;
+    bool quitting; /* engine thread: finishing everything for good, no seat is kept */
     uint64_t next_id;
     blade_engine_stats stats; /* guarded by mu */
 
@@ -497,9 +501,40 @@ static void retire(blade_engine *e, request_state *r)
     live_unlink(e, r);
 }
 
-/* Ends a request: one last event, its blocks back to the pool, its memory freed. */
+/* A fixed-shape batch sizes every seat for the longest member, so a padding seat may run
+ * past its own request's length, up to the context limit. False when it cannot. */
+static bool become_padding(blade_engine *e, request_state *r)
+{
+    if (r->seq.n_tokens >= e->max_context)
+        return false;
+    int32_t *grown = realloc(r->tokens, (size_t)e->max_context * sizeof *grown);
+    if (!grown)
+        return false;
+    r->tokens = grown;
+    r->cap_tokens = r->seq.max_total = e->max_context;
+    r->padding = true;
+    return true;
+}
+
+/* After a request's last event: static batching keeps a running member's seat computing
+ * until its batch ends (also when the client stopped reading: a fixed-shape batch cannot
+ * drop a row); otherwise its blocks go back to the pool and its memory is freed. */
+static void end_request(blade_engine *e, request_state *r, blade_finish_reason why)
+{
+    if (e->cfg.sched.mode == BLADE_SCHED_STATIC && why != BLADE_FINISH_ERROR && !e->quitting && !r->padding &&
+        r->seq.state == BLADE_SEQ_RUNNING && become_padding(e, r))
+        return;
+    retire(e, r);
+    request_free(r);
+}
+
+/* Ends a request: one last event (a padding seat has had it already), then end_request. */
 static void finish(blade_engine *e, request_state *r, blade_finish_reason why, const char *error)
 {
+    if (r->padding) {
+        end_request(e, r, why);
+        return;
+    }
     blade_token_event ev = {0};
     fill_usage(r, &ev);
     ev.token = -1;
@@ -507,10 +542,9 @@ static void finish(blade_engine *e, request_state *r, blade_finish_reason why, c
     ev.error = error;
     ev.text = "";
     release_followers(e, r);
-    retire(e, r);
     r->callback(&ev);
     e->finished++;
-    request_free(r);
+    end_request(e, r, why);
 }
 
 static void take_incoming(blade_engine *e)
@@ -537,7 +571,7 @@ static void take_incoming(blade_engine *e)
     for (int32_t i = 0; i < take; i++) {
         request_state *r = e->live;
         while (r) {
-            if (r->id == aborts[i]) {
+            if (r->id == aborts[i] && !r->padding) {
                 finish(e, r, BLADE_FINISH_ABORT, NULL);
                 r = e->live;
             } else {
@@ -554,6 +588,12 @@ static void emit_token(blade_engine *e, request_state *r, const float *logits)
     int32_t id = blade_sampler_sample(r->sampler, logits);
     if (id < 0) {
         finish(e, r, BLADE_FINISH_ERROR, "the model produced no usable logits (all NaN or -inf)");
+        return;
+    }
+    if (r->padding) {
+        r->tokens[r->seq.n_tokens++] = id;
+        if (r->seq.n_tokens >= r->seq.max_total)
+            finish(e, r, BLADE_FINISH_LENGTH, NULL); /* its fixed-shape buffer is full */
         return;
     }
     if (r->t_first_token == 0)
@@ -599,14 +639,30 @@ static void emit_token(blade_engine *e, request_state *r, const float *logits)
         r->callback(&ev);
         return;
     }
-    retire(e, r);
     r->callback(&ev);
     e->finished++;
-    request_free(r);
+    end_request(e, r, why);
+}
+
+/* Static batching: the batch ends when its last real member does; a padding seat that was
+ * preempted is dropped at once (a request-level engine never reruns a finished request). */
+static void end_padding(blade_engine *e)
+{
+    if (e->cfg.sched.mode != BLADE_SCHED_STATIC)
+        return;
+    bool members_left = false;
+    for (request_state *r = e->live; r; r = r->next_live)
+        members_left |= !r->padding && r->seq.state == BLADE_SEQ_RUNNING;
+    for (request_state *r = e->live, *next; r; r = next) {
+        next = r->next_live;
+        if (r->padding && (!members_left || r->seq.state != BLADE_SEQ_RUNNING))
+            finish(e, r, BLADE_FINISH_NONE, NULL);
+    }
 }
 
 static void run_step(blade_engine *e)
 {
+    end_padding(e);
     blade_sched_plan plan;
     blade_scheduler_schedule(e->sched, &plan);
     for (int32_t i = 0; i < plan.n_rejected; i++)
@@ -643,6 +699,7 @@ static void run_step(blade_engine *e)
     for (int32_t i = 0; i < plan.n_items; i++)
         if (plan.items[i].want_logits)
             emit_token(e, (request_state *)plan.items[i].seq, e->logits + (size_t)i * e->m->hp.n_vocab);
+    end_padding(e);
 }
 
 static void check_invariants(blade_engine *e)
@@ -724,6 +781,7 @@ static void *engine_loop(void *arg)
         bool abort_all = e->stopping && !e->drain;
         pthread_mutex_unlock(&e->mu);
         if (quit) {
+            e->quitting = true;
             take_incoming(e);
             if (abort_all)
                 while (e->live)

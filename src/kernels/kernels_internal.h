@@ -70,14 +70,55 @@ static inline act_k_view act_k_at(const void *row, int64_t n)
 #define R16_Q4_CHUNKS 4
 #define R16_Q8_CHUNKS 8
 
-static inline size_t r16_block_bytes(uint32_t ktype)
-{
-    return R16_SCALES + 64 * (size_t)(ktype == BLADE_KTYPE_Q4_0_R16 ? R16_Q4_CHUNKS : R16_Q8_CHUNKS);
-}
 
 static inline int32_t r16_start(uint32_t ktype, int32_t act_sum)
 {
     return (ktype == BLADE_KTYPE_Q4_0_R16 ? -8 : -128) * act_sum;
+}
+
+/* Q4_K R16, per group and 256 super-block (R16_K_BYTES, the bytes of 16 file blocks):
+ * d and dmin of the 16 rows (fp16), the 6-bit sub-block scales and mins of all 16 rows
+ * split into low nibbles and high bit pairs, then the quants in 32 chunks of 64 bytes,
+ * chunk 8c+g holding bytes qs[32c+4g..32c+4g+3] of every row (low nibbles: sub-block 2c,
+ * high nibbles: sub-block 2c+1, elements 4g..4g+3 of it).
+ * Scales and mins are numbered in "slots", the order the kernels want them unpacked in:
+ * scale of sub-block j, row r: slot 16j+r; min of sub-block 2i+k, row r: slot 32i+2r+k
+ * (pairs of sub-blocks side by side, for int16 pair products). Byte k of LOW holds slot
+ * k's scale (low nibble) and min (high nibble) low bits; byte k of HIGH holds the top two
+ * bits of scale slots k and k+64 (bits 0-1, 2-3) and min slots k and k+64 (4-5, 6-7). */
+#define R16_K_D 0
+#define R16_K_DMIN 32
+#define R16_K_LOW 64
+#define R16_K_HIGH 192
+#define R16_K_QS 256
+#define R16_K_BYTES (R16_K_QS + 32 * 64)
+
+static inline int r16_k_scale_slot(int j, int r)
+{
+    return 16 * j + r;
+}
+
+static inline int r16_k_min_slot(int j, int r)
+{
+    return 32 * (j / 2) + 2 * r + j % 2;
+}
+
+static inline size_t r16_block_bytes(uint32_t ktype)
+{
+    if (ktype == BLADE_KTYPE_Q4_K_R16)
+        return R16_K_BYTES;
+    return R16_SCALES + 64 * (size_t)(ktype == BLADE_KTYPE_Q4_0_R16 ? R16_Q4_CHUNKS : R16_Q8_CHUNKS);
+}
+
+/* The 128 scale and 128 min slots of one super-block. */
+static inline void r16_k_unpack(const uint8_t *blk, uint8_t sc[128], uint8_t m[128])
+{
+    const uint8_t *low = blk + R16_K_LOW, *high = blk + R16_K_HIGH;
+    for (int k = 0; k < 128; k++) {
+        int shift = k < 64 ? 0 : 2;
+        sc[k] = (uint8_t)((low[k] & 0xF) | ((high[k % 64] >> shift & 3) << 4));
+        m[k] = (uint8_t)((low[k] >> 4) | ((high[k % 64] >> (shift + 4) & 3) << 4));
+    }
 }
 
 /* Vector activation converters, byte-identical to the portable ones (the same IEEE

@@ -271,6 +271,90 @@ TGT INLINE void r16_matmul(bool q4, const void *W, size_t w_stride, const void *
     }
 }
 
+/* Q4_K R16: the AVX-512 kernel's sums, eight rows per vector. A sub-block's eight
+ * vpmaddubsw results add up in int16 (8 x 2 x 15 x 127 < 2^15) before one widening
+ * vpmaddwd; the scale weighting (vpmulld) and the min pairs (vpmaddwd) are exact too. */
+
+#define K16_TILE_T 4
+
+TGT INLINE void k16_tile(int T, const uint8_t *group, int h, int64_t nsb, const act_k_view *xa, const int32_t *pairs,
+                         int64_t pairs_stride, float *Y, int64_t ldy)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc[K16_TILE_T];
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm256_setzero_ps();
+    uint8_t sc[128], m[128];
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *blk = group + b * R16_K_BYTES;
+        r16_k_unpack(blk, sc, m);
+        __m256i isum[K16_TILE_T];
+        for (int t = 0; t < T; t++)
+            isum[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i w[8];
+            for (int g = 0; g < 8; g++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + R16_K_QS + 64 * (8 * (j / 2) + g) + 32 * h));
+                w[g] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, lo4);
+            }
+            __m256i scj = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 16 * j + 8 * h)));
+            for (int t = 0; t < T; t++) {
+                const int8_t *xq = xa[t].q + QK_K * b + K_SUB * j;
+                __m256i s16 = _mm256_setzero_si256();
+                for (int g = 0; g < 8; g++)
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w[g], bcast4(xq + 4 * g)));
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(_mm256_madd_epi16(s16, ones), scj));
+            }
+        }
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + R16_K_D + 16 * h)));
+        __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + R16_K_DMIN + 16 * h)));
+        for (int t = 0; t < T; t++) {
+            __m256i msum = _mm256_setzero_si256();
+            for (int i = 0; i < 4; i++) {
+                __m256i mp = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(m + 32 * i + 16 * h)));
+                msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mp, _mm256_set1_epi32(pairs[t * pairs_stride + 4 * b + i])));
+            }
+            __m256 dx = _mm256_set1_ps(xa[t].d[b]);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, dx), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, dx), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; t++)
+        _mm256_storeu_ps(Y + t * ldy + 8 * h, acc[t]);
+}
+
+TGT static void mm_q4_k_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
+                            int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    int64_t nsb = n / QK_K;
+    act_k_view xa[TOKEN_CHUNK];
+    int32_t *pairs = pack_alloc(sizeof(int32_t) * (size_t)(TOKEN_CHUNK * nsb * 4));
+    for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {
+        int64_t c1 = c + TOKEN_CHUNK < n_tok ? c + TOKEN_CHUNK : n_tok;
+        for (int64_t t = c; t < c1; t++) {
+            xa[t - c] = act_k_at((const uint8_t *)X + t * (int64_t)x_stride, n);
+            for (int64_t k = 0; k < nsb * 4; k++) {
+                const int16_t *s16 = xa[t - c].sum16 + 4 * k;
+                uint16_t lo = (uint16_t)(s16[0] + s16[1]), hi = (uint16_t)(s16[2] + s16[3]);
+                pairs[(t - c) * nsb * 4 + k] = (int32_t)((uint32_t)lo | (uint32_t)hi << 16);
+            }
+        }
+        for (int64_t g = r0; g < r1; g += BLADE_R16_ROWS) {
+            const uint8_t *group = (const uint8_t *)W + g * (int64_t)w_stride;
+            for (int h = 0; h < 2; h++)
+                for (int64_t t = c; t < c1; t += K16_TILE_T) {
+                    int64_t nt = c1 - t < K16_TILE_T ? c1 - t : K16_TILE_T;
+                    const int32_t *p = pairs + (t - c) * nsb * 4;
+                    float *y = Y + t * ldy + g;
+#define K16_TILE(T) k16_tile(T, group, h, nsb, xa + (t - c), p, nsb * 4, y, ldy)
+                    WITH_CONST_T(nt, K16_TILE_T, K16_TILE)
+#undef K16_TILE
+                }
+        }
+    }
+    free(pairs);
+}
+
 TGT static void mm_q4_0_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
                             int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
 {
@@ -739,6 +823,8 @@ blade_matmul_fn blade_matmul_avx2_kernel(uint32_t type)
         return mm_q4_0_r16;
     case BLADE_KTYPE_Q8_0_R16:
         return mm_q8_0_r16;
+    case BLADE_KTYPE_Q4_K_R16:
+        return mm_q4_k_r16;
     default:
         return NULL;
     }

@@ -192,6 +192,45 @@ static void mm_r16(uint32_t ktype, const void *W, size_t w_stride, const void *X
     }
 }
 
+/* Q4_K R16: per super-block the exact scale-weighted quant sum and min-weighted activation
+ * sum of one row, then one FMA for each (the vector kernels' order, 16 rows at a time). */
+static void mm_q4_k_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
+                        int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    uint8_t sc[128], m[128];
+    for (int64_t t = 0; t < n_tok; t++) {
+        act_k_view a = act_k_at((const uint8_t *)X + t * x_stride, n);
+        for (int64_t r = r0; r < r1; r++) {
+            int rr = (int)(r % BLADE_R16_ROWS);
+            const uint8_t *group = (const uint8_t *)W + (r - rr) * w_stride;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < n / QK_K; b++) {
+                const uint8_t *blk = group + b * R16_K_BYTES;
+                const int8_t *xq = a.q + b * QK_K;
+                const int16_t *xs = a.sum16 + b * (QK_K / 16);
+                r16_k_unpack(blk, sc, m);
+                int32_t isum = 0, msum = 0;
+                for (int j = 0; j < K_NSUB; j++) {
+                    int32_t dot = 0;
+                    for (int g = 0; g < 8; g++)
+                        for (int i = 0; i < 4; i++) {
+                            uint8_t v = blk[R16_K_QS + 64 * (8 * (j / 2) + g) + 4 * rr + i];
+                            dot += (j % 2 ? v >> 4 : v & 0xF) * xq[K_SUB * j + 4 * g + i];
+                        }
+                    isum += sc[r16_k_scale_slot(j, rr)] * dot;
+                    msum += m[r16_k_min_slot(j, rr)] * (xs[2 * j] + xs[2 * j + 1]);
+                }
+                uint16_t hd, hm;
+                memcpy(&hd, blk + R16_K_D + 2 * rr, 2);
+                memcpy(&hm, blk + R16_K_DMIN + 2 * rr, 2);
+                acc = fmaf((float)isum, blade_fp16_to_fp32(hd) * a.d[b], acc);
+                acc = fmaf(-(float)msum, blade_fp16_to_fp32(hm) * a.d[b], acc);
+            }
+            Y[t * ldy + r] = acc;
+        }
+    }
+}
+
 static void mm_q4_0_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
                         int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
 {
@@ -251,6 +290,8 @@ blade_matmul_fn blade_matmul_scalar_kernel(uint32_t type)
         return mm_q4_0_r16;
     case BLADE_KTYPE_Q8_0_R16:
         return mm_q8_0_r16;
+    case BLADE_KTYPE_Q4_K_R16:
+        return mm_q4_k_r16;
     default:
         return NULL;
     }

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Load-time repacking of Q4_0/Q8_0 matrices into the R16 layout (kernels.h,
+/* Load-time repacking of Q4_0/Q8_0/Q4_K matrices into the R16 layouts (kernels.h,
  * kernels_internal.h), and the way back for code that reads single rows. */
 
 uint32_t blade_matmul_repacked_type(uint32_t type, int64_t n_in, int64_t n_out)
@@ -15,6 +15,8 @@ uint32_t blade_matmul_repacked_type(uint32_t type, int64_t n_in, int64_t n_out)
         return BLADE_KTYPE_Q4_0_R16;
     case BLADE_TYPE_Q8_0:
         return BLADE_KTYPE_Q8_0_R16;
+    case BLADE_TYPE_Q4_K:
+        return n_in % QK_K == 0 ? BLADE_KTYPE_Q4_K_R16 : 0;
     default:
         return 0;
     }
@@ -27,6 +29,8 @@ uint32_t blade_matmul_base_type(uint32_t type)
         return BLADE_TYPE_Q4_0;
     case BLADE_KTYPE_Q8_0_R16:
         return BLADE_TYPE_Q8_0;
+    case BLADE_KTYPE_Q4_K_R16:
+        return BLADE_TYPE_Q4_K;
     default:
         return type;
     }
@@ -61,6 +65,31 @@ static void group_to_r16(uint32_t ktype, const uint8_t *rows, size_t row_bytes, 
     }
 }
 
+static void group_to_r16_k(const uint8_t *rows, size_t row_bytes, int64_t nsb, uint8_t *out)
+{
+    for (int64_t b = 0; b < nsb; b++) {
+        uint8_t *o = out + b * R16_K_BYTES;
+        memset(o + R16_K_LOW, 0, R16_K_QS - R16_K_LOW);
+        for (int r = 0; r < BLADE_R16_ROWS; r++) {
+            block_q4_k blk;
+            memcpy(&blk, rows + r * row_bytes + b * (int64_t)sizeof blk, sizeof blk);
+            memcpy(o + R16_K_D + 2 * r, &blk.d, 2);
+            memcpy(o + R16_K_DMIN + 2 * r, &blk.dmin, 2);
+            for (int j = 0; j < K_NSUB; j++) {
+                uint8_t sc, m;
+                blade_k_scale_min(j, blk.scales, &sc, &m);
+                int ks = r16_k_scale_slot(j, r), km = r16_k_min_slot(j, r);
+                o[R16_K_LOW + ks] |= (uint8_t)(sc & 0xF);
+                o[R16_K_LOW + km] |= (uint8_t)((m & 0xF) << 4);
+                o[R16_K_HIGH + ks % 64] |= (uint8_t)((sc >> 4) << (ks < 64 ? 0 : 2));
+                o[R16_K_HIGH + km % 64] |= (uint8_t)((m >> 4) << (km < 64 ? 4 : 6));
+            }
+            for (int c = 0; c < 32; c++)
+                memcpy(o + R16_K_QS + 64 * c + 4 * r, blk.qs + 4 * c, 4);
+        }
+    }
+}
+
 void blade_matmul_repack(uint32_t type, void *data, int64_t n_in, int64_t n_out)
 {
     uint32_t ktype = blade_matmul_repacked_type(type, n_in, n_out);
@@ -73,7 +102,10 @@ void blade_matmul_repack(uint32_t type, void *data, int64_t n_in, int64_t n_out)
     for (int64_t g = 0; g < n_out / BLADE_R16_ROWS; g++) {
         uint8_t *p = (uint8_t *)data + g * group_bytes;
         memcpy(tmp, p, group_bytes);
-        group_to_r16(ktype, tmp, row_bytes, n_in / QK8_0, p);
+        if (ktype == BLADE_KTYPE_Q4_K_R16)
+            group_to_r16_k(tmp, row_bytes, n_in / QK_K, p);
+        else
+            group_to_r16(ktype, tmp, row_bytes, n_in / QK8_0, p);
     }
     free(tmp);
 }
@@ -87,10 +119,29 @@ void blade_matmul_row_to_float(uint32_t type, const void *W, int64_t n, int64_t 
         tr->to_float((const uint8_t *)W + r * row_bytes, out, n);
         return;
     }
-    bool q4 = type == BLADE_KTYPE_Q4_0_R16;
     int64_t rr = r % BLADE_R16_ROWS;
     const uint8_t *group = (const uint8_t *)W + (r - rr) * row_bytes;
     size_t in_bytes = r16_block_bytes(type);
+    if (type == BLADE_KTYPE_Q4_K_R16) {
+        for (int64_t b = 0; b < n / QK_K; b++) {
+            const uint8_t *in = group + b * (int64_t)in_bytes;
+            block_q4_k blk;
+            memcpy(&blk.d, in + R16_K_D + 2 * rr, 2);
+            memcpy(&blk.dmin, in + R16_K_DMIN + 2 * rr, 2);
+            uint8_t sc_slots[128], m_slots[128], sc[K_NSUB], m[K_NSUB];
+            r16_k_unpack(in, sc_slots, m_slots);
+            for (int j = 0; j < K_NSUB; j++) {
+                sc[j] = sc_slots[r16_k_scale_slot(j, (int)rr)];
+                m[j] = m_slots[r16_k_min_slot(j, (int)rr)];
+            }
+            blade_k_scales_pack(sc, m, blk.scales);
+            for (int c = 0; c < 32; c++)
+                memcpy(blk.qs + 4 * c, in + R16_K_QS + 64 * c + 4 * rr, 4);
+            tr->to_float(&blk, out + b * QK_K, QK_K);
+        }
+        return;
+    }
+    bool q4 = type == BLADE_KTYPE_Q4_0_R16;
     int chunks = q4 ? R16_Q4_CHUNKS : R16_Q8_CHUNKS;
     for (int64_t b = 0; b < n / QK8_0; b++) {
         const uint8_t *in = group + b * in_bytes;

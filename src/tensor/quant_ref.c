@@ -294,10 +294,8 @@ void blade_q4_0_from_float(const float *src, void *dst, int64_t n)
 
 /* ---- Q4_K / Q5_K shared parts ---- */
 
-#define K_SUB 32
-#define K_NSUB (QK_K / K_SUB)
 
-static void pack_k_scales(const uint8_t sc[K_NSUB], const uint8_t m[K_NSUB], uint8_t out[K_SCALE_BYTES])
+void blade_k_scales_pack(const uint8_t sc[K_NSUB], const uint8_t m[K_NSUB], uint8_t out[K_SCALE_BYTES])
 {
     for (int j = 0; j < 4; j++) {
         out[j] = (uint8_t)(sc[j] | ((sc[j + 4] >> 4) << 6));
@@ -331,7 +329,7 @@ static void quantize_k_affine(const float *x, int nmax, uint16_t *d_bits, uint16
         for (int i = 0; i < K_SUB; i++)
             q[j * K_SUB + i] = (uint8_t)affine_level(x[j * K_SUB + i], inv, -dm, nmax);
     }
-    pack_k_scales(sc, m, scales);
+    blade_k_scales_pack(sc, m, scales);
 }
 
 /* ---- Q4_K ---- */

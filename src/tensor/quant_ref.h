@@ -12,6 +12,8 @@
 #define QK8_0 32
 #define QK_K 256
 #define K_SCALE_BYTES 12
+#define K_SUB 32 /* elements per Q4_K/Q5_K sub-block */
+#define K_NSUB (QK_K / K_SUB)
 
 typedef struct block_q4_0 {
     uint16_t d;             /* fp16 scale */
@@ -67,6 +69,9 @@ static inline void blade_k_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8
         *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
     }
 }
+
+/* The inverse: eight 6-bit scales and mins into the 12 packed bytes. */
+void blade_k_scales_pack(const uint8_t sc[K_NSUB], const uint8_t m[K_NSUB], uint8_t out[K_SCALE_BYTES]);
 
 void blade_f32_to_float(const void *src, float *dst, int64_t n);
 void blade_f32_from_float(const float *src, void *dst, int64_t n);
