@@ -121,6 +121,25 @@ static inline void r16_k_unpack(const uint8_t *blk, uint8_t sc[128], uint8_t m[1
     }
 }
 
+/* The integers a token contributes per block of an R16 product, from its converted row:
+ * Q4_0/Q8_0, one per 32-block, r16_start; Q4_K, four per super-block, the activation sums
+ * of sub-blocks 2i and 2i+1 as the low and high int16 of one int32 (|sum| <= 32 x 127). */
+static inline void r16_token_side(uint32_t ktype, const void *row, int64_t n, int32_t *out)
+{
+    if (ktype == BLADE_KTYPE_Q4_K_R16) {
+        act_k_view a = act_k_at(row, n);
+        for (int64_t k = 0; k < n / QK_K * 4; k++) {
+            const int16_t *s16 = a.sum16 + 4 * k;
+            uint16_t lo = (uint16_t)(s16[0] + s16[1]), hi = (uint16_t)(s16[2] + s16[3]);
+            out[k] = (int32_t)((uint32_t)lo | (uint32_t)hi << 16);
+        }
+    } else {
+        act_q8_view a = act_q8_at(row, n);
+        for (int64_t b = 0; b < n / QK8_0; b++)
+            out[b] = r16_start(ktype, a.sum[b]);
+    }
+}
+
 /* Vector activation converters, byte-identical to the portable ones (the same IEEE
  * operations element by element; NaNs are ignored by the block maximum and quantize to
  * -127 in both). They fill the arrays of a row that blade_act_convert has zeroed. NULL

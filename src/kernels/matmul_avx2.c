@@ -229,9 +229,16 @@ TGT INLINE __m256 r16_step(bool q4, const r16_w *w, const int8_t *xq, float xd, 
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(w->d, _mm256_set1_ps(xd)), acc);
 }
 
-/* Half h of one group against T tokens; start is the Q4_0 offset term (Q8_0 needs none
- * here, its products are signed). */
-TGT INLINE void r16_tile(bool q4, int T, const uint8_t *group, int h, int64_t nb, const act_q8_view *xa, float *Y,
+/* A token's side of an R16 product (see the AVX-512 file). */
+typedef struct r16_x {
+    const int8_t *q;
+    const float *d;
+    const int32_t *side;
+} r16_x;
+
+/* Half h of one group against T tokens; the side's start is the Q4_0 offset term (Q8_0
+ * takes none here, its products are signed). */
+TGT INLINE void r16_tile(bool q4, int T, const uint8_t *group, int h, int64_t nb, const r16_x *xa, float *Y,
                          int64_t ldy)
 {
     size_t bb = r16_block_bytes(q4 ? BLADE_KTYPE_Q4_0_R16 : BLADE_KTYPE_Q8_0_R16);
@@ -242,53 +249,27 @@ TGT INLINE void r16_tile(bool q4, int T, const uint8_t *group, int h, int64_t nb
         r16_w w;
         r16_load(q4, group + b * bb, h, &w);
         for (int t = 0; t < T; t++)
-            acc[t] = r16_step(q4, &w, xa[t].q + QK8_0 * b, xa[t].d[b], q4 ? r16_start(BLADE_KTYPE_Q4_0_R16, xa[t].sum[b]) : 0, acc[t]);
+            acc[t] = r16_step(q4, &w, xa[t].q + QK8_0 * b, xa[t].d[b], q4 ? xa[t].side[b] : 0, acc[t]);
     }
     for (int t = 0; t < T; t++)
         _mm256_storeu_ps(Y + t * ldy + 8 * h, acc[t]);
-}
-
-TGT INLINE void r16_matmul(bool q4, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
-                           float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
-{
-    int64_t nb = n / QK8_0;
-    act_q8_view xa[TOKEN_CHUNK];
-    for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {
-        int64_t c1 = c + TOKEN_CHUNK < n_tok ? c + TOKEN_CHUNK : n_tok;
-        for (int64_t t = c; t < c1; t++)
-            xa[t - c] = act_q8_at((const uint8_t *)X + t * (int64_t)x_stride, n);
-        for (int64_t g = r0; g < r1; g += BLADE_R16_ROWS) {
-            const uint8_t *group = (const uint8_t *)W + g * (int64_t)w_stride;
-            for (int h = 0; h < 2; h++)
-                for (int64_t t = c; t < c1; t += R16_TILE_T) {
-                    int64_t nt = c1 - t < R16_TILE_T ? c1 - t : R16_TILE_T;
-                    float *y = Y + t * ldy + g;
-#define R16_TILE(T) r16_tile(q4, T, group, h, nb, xa + (t - c), y, ldy)
-                    WITH_CONST_T(nt, R16_TILE_T, R16_TILE)
-#undef R16_TILE
-                }
-        }
-    }
 }
 
 /* Q4_K R16: the AVX-512 kernel's sums, eight rows per vector. A sub-block's eight
  * vpmaddubsw results add up in int16 (8 x 2 x 15 x 127 < 2^15) before one widening
  * vpmaddwd; the scale weighting (vpmulld) and the min pairs (vpmaddwd) are exact too. */
 
-#define K16_TILE_T 4
-
-TGT INLINE void k16_tile(int T, const uint8_t *group, int h, int64_t nsb, const act_k_view *xa, const int32_t *pairs,
-                         int64_t pairs_stride, float *Y, int64_t ldy)
+TGT INLINE void k16_tile(int T, const uint8_t *group, int h, int64_t nsb, const r16_x *xa, float *Y, int64_t ldy)
 {
     const __m256i lo4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    __m256 acc[K16_TILE_T];
+    __m256 acc[R16_TILE_T];
     for (int t = 0; t < T; t++)
         acc[t] = _mm256_setzero_ps();
     uint8_t sc[128], m[128];
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = group + b * R16_K_BYTES;
         r16_k_unpack(blk, sc, m);
-        __m256i isum[K16_TILE_T];
+        __m256i isum[R16_TILE_T];
         for (int t = 0; t < T; t++)
             isum[t] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
@@ -312,7 +293,7 @@ TGT INLINE void k16_tile(int T, const uint8_t *group, int h, int64_t nsb, const 
             __m256i msum = _mm256_setzero_si256();
             for (int i = 0; i < 4; i++) {
                 __m256i mp = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(m + 32 * i + 16 * h)));
-                msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mp, _mm256_set1_epi32(pairs[t * pairs_stride + 4 * b + i])));
+                msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mp, _mm256_set1_epi32(xa[t].side[4 * b + i])));
             }
             __m256 dx = _mm256_set1_ps(xa[t].d[b]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, dx), acc[t]);
@@ -323,49 +304,55 @@ TGT INLINE void k16_tile(int T, const uint8_t *group, int h, int64_t nsb, const 
         _mm256_storeu_ps(Y + t * ldy + 8 * h, acc[t]);
 }
 
-TGT static void mm_q4_k_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
-                            int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+/* Tokens in chunks, each chunk against every group of the range, half by half. */
+TGT INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
+                           float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
 {
-    int64_t nsb = n / QK_K;
-    act_k_view xa[TOKEN_CHUNK];
-    int32_t *pairs = pack_alloc(sizeof(int32_t) * (size_t)(TOKEN_CHUNK * nsb * 4));
+    bool k = ktype == BLADE_KTYPE_Q4_K_R16;
+    int64_t nb = n / (k ? QK_K : QK8_0), per_token = nb * (k ? 4 : 1);
+    int32_t *side = pack_alloc(sizeof(int32_t) * (size_t)(TOKEN_CHUNK * per_token));
+    r16_x xa[TOKEN_CHUNK];
     for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {
         int64_t c1 = c + TOKEN_CHUNK < n_tok ? c + TOKEN_CHUNK : n_tok;
         for (int64_t t = c; t < c1; t++) {
-            xa[t - c] = act_k_at((const uint8_t *)X + t * (int64_t)x_stride, n);
-            for (int64_t k = 0; k < nsb * 4; k++) {
-                const int16_t *s16 = xa[t - c].sum16 + 4 * k;
-                uint16_t lo = (uint16_t)(s16[0] + s16[1]), hi = (uint16_t)(s16[2] + s16[3]);
-                pairs[(t - c) * nsb * 4 + k] = (int32_t)((uint32_t)lo | (uint32_t)hi << 16);
-            }
+            const uint8_t *row = (const uint8_t *)X + t * (int64_t)x_stride;
+            int32_t *ts = side + (t - c) * per_token;
+            r16_token_side(ktype, row, n, ts);
+            xa[t - c] = k ? (r16_x){act_k_at(row, n).q, act_k_at(row, n).d, ts}
+                          : (r16_x){act_q8_at(row, n).q, act_q8_at(row, n).d, ts};
         }
         for (int64_t g = r0; g < r1; g += BLADE_R16_ROWS) {
             const uint8_t *group = (const uint8_t *)W + g * (int64_t)w_stride;
             for (int h = 0; h < 2; h++)
-                for (int64_t t = c; t < c1; t += K16_TILE_T) {
-                    int64_t nt = c1 - t < K16_TILE_T ? c1 - t : K16_TILE_T;
-                    const int32_t *p = pairs + (t - c) * nsb * 4;
+                for (int64_t t = c; t < c1; t += R16_TILE_T) {
+                    int64_t nt = c1 - t < R16_TILE_T ? c1 - t : R16_TILE_T;
                     float *y = Y + t * ldy + g;
-#define K16_TILE(T) k16_tile(T, group, h, nsb, xa + (t - c), p, nsb * 4, y, ldy)
-                    WITH_CONST_T(nt, K16_TILE_T, K16_TILE)
+#define K16_TILE(T) k16_tile(T, group, h, nb, xa + (t - c), y, ldy)
+#define R16_TILE(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, group, h, nb, xa + (t - c), y, ldy)
+                    if (k) {
+                        WITH_CONST_T(nt, R16_TILE_T, K16_TILE)
+                    } else {
+                        WITH_CONST_T(nt, R16_TILE_T, R16_TILE)
+                    }
 #undef K16_TILE
+#undef R16_TILE
                 }
         }
     }
-    free(pairs);
+    free(side);
 }
 
-TGT static void mm_q4_0_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
-                            int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
-{
-    r16_matmul(true, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
-}
+#define R16_KERNEL(name, ktype)                                                                              \
+    TGT static void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y, \
+                         int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                 \
+    {                                                                                                        \
+        r16_matmul(ktype, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                               \
+    }
 
-TGT static void mm_q8_0_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
-                            int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
-{
-    r16_matmul(false, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
-}
+R16_KERNEL(mm_q4_0_r16, BLADE_KTYPE_Q4_0_R16)
+R16_KERNEL(mm_q8_0_r16, BLADE_KTYPE_Q8_0_R16)
+R16_KERNEL(mm_q4_k_r16, BLADE_KTYPE_Q4_K_R16)
+
 
 /* ------------------------------------------------------------ Q4_K, Q5_K, Q6_K ----
  * Unit: a 256 super-block as eight 32-byte vectors of unsigned quants in natural order;

@@ -292,17 +292,20 @@ TGT_Q static void mm_q8_0(const void *W, size_t w_stride, const void *X, size_t 
 /* Tokens whose activations stay in L2 while every row group of the range passes over
  * them (64 rows of 5632 are about 400 KiB). */
 #define R16_TOKEN_CHUNK 64
-#define R16_LOCAL_STARTS 2048
+#define R16_LOCAL_SIDE 2048
 
 typedef struct r16_w {
     __m512i q[8];
     __m512 d;
 } r16_w;
 
+/* A token's side of an R16 product: its quants and block scales, and per block the
+ * integers the kernel adds (Q4_0/Q8_0: the start of the block sum; Q4_K: four pairs of
+ * sub-block activation sums, see r16_token_side). */
 typedef struct r16_x {
     const int8_t *q;
     const float *d;
-    const int32_t *start;
+    const int32_t *side;
 } r16_x;
 
 TGT_F INLINE void r16_load(bool q4, const uint8_t *blk, r16_w *w)
@@ -352,57 +355,10 @@ TGT_Q INLINE void r16_tile(bool q4, int T, const uint8_t *group, int64_t nb, con
         r16_w w;
         r16_load(q4, group + b * bb, &w);
         for (int t = 0; t < T; t++)
-            acc[t] = r16_step(&w, x[t].q + QK8_0 * b, x[t].d[b], x[t].start[b], acc[t]);
+            acc[t] = r16_step(&w, x[t].q + QK8_0 * b, x[t].d[b], x[t].side[b], acc[t]);
     }
     for (int t = 0; t < T; t++)
         _mm512_storeu_ps(Y + t * ldy, acc[t]);
-}
-
-TGT_Q INLINE void r16_matmul(bool q4, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
-                             float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
-{
-    uint32_t ktype = q4 ? BLADE_KTYPE_Q4_0_R16 : BLADE_KTYPE_Q8_0_R16;
-    int64_t nb = n / QK8_0, chunk = n_tok < R16_TOKEN_CHUNK ? n_tok : R16_TOKEN_CHUNK;
-    /* Small calls (one token, short rows) are common in decode and must not pay for an
-     * allocation. */
-    int32_t local[R16_LOCAL_STARTS];
-    int32_t *starts = chunk * nb <= R16_LOCAL_STARTS ? local : pack_alloc(sizeof(int32_t) * (size_t)(chunk * nb));
-    r16_x x[R16_TOKEN_CHUNK];
-    for (int64_t c = 0; c < n_tok; c += R16_TOKEN_CHUNK) {
-        int64_t c1 = c + R16_TOKEN_CHUNK < n_tok ? c + R16_TOKEN_CHUNK : n_tok;
-        for (int64_t t = c; t < c1; t++) {
-            act_q8_view a = act_q8_at((const uint8_t *)X + t * (int64_t)x_stride, n);
-            int32_t *st = starts + (t - c) * nb;
-            for (int64_t b = 0; b < nb; b++)
-                st[b] = r16_start(ktype, a.sum[b]);
-            x[t - c] = (r16_x){a.q, a.d, st};
-        }
-        for (int64_t g = r0; g < r1; g += BLADE_R16_ROWS) {
-            const uint8_t *group = (const uint8_t *)W + g * (int64_t)w_stride;
-            for (int64_t t = c; t < c1; t += R16_TILE_T) {
-                int64_t nt = c1 - t < R16_TILE_T ? c1 - t : R16_TILE_T;
-                const r16_x *xt = x + (t - c);
-                float *y = Y + t * ldy + g;
-#define R16_TILE(T) r16_tile(q4, T, group, nb, xt, y, ldy)
-                WITH_CONST_T16(nt, R16_TILE)
-#undef R16_TILE
-            }
-        }
-    }
-    if (starts != local)
-        free(starts);
-}
-
-TGT_Q static void mm_q4_0_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
-                              int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
-{
-    r16_matmul(true, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
-}
-
-TGT_Q static void mm_q8_0_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
-                              int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
-{
-    r16_matmul(false, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
 }
 
 /* --------------------------------------------------------------- Q4_K R16 ----
@@ -417,12 +373,6 @@ TGT_Q static void mm_q8_0_r16(const void *W, size_t w_stride, const void *X, siz
  * of arithmetic per 2304 bytes, and left to the hardware prefetchers the stream measured
  * at about 38 GB/s on two cores against 45 with the hint. */
 #define K16_PREFETCH_AHEAD 2
-
-typedef struct k16_x {
-    const int8_t *q;
-    const float *d;
-    const int32_t *pairs; /* per super-block: (sum of sub-block 2i | sum of 2i+1 << 16), i < 4 */
-} k16_x;
 
 /* Scale slots as int32 per sub-block, min slots as int16 pairs per pair of sub-blocks. */
 TGT_F INLINE void k16_scales(const uint8_t *blk, __m512i sc[8], __m512i mp[4])
@@ -457,7 +407,7 @@ TGT_Q INLINE __m512i k16_sub(const __m512i w[8], const int8_t *xq, __m512i sc)
     return _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc);
 }
 
-TGT_Q INLINE void k16_tile(int T, const uint8_t *group, int64_t nsb, const k16_x *x, float *Y, int64_t ldy)
+TGT_Q INLINE void k16_tile(int T, const uint8_t *group, int64_t nsb, const r16_x *x, float *Y, int64_t ldy)
 {
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
     __m512 acc[K16_TILE_T];
@@ -504,7 +454,7 @@ TGT_Q INLINE void k16_tile(int T, const uint8_t *group, int64_t nsb, const k16_x
         for (int t = 0; t < T; t++) {
             __m512i msum = _mm512_setzero_si512();
             for (int i = 0; i < 4; i++)
-                msum = _mm512_dpwssd_epi32(msum, mp[i], _mm512_set1_epi32(x[t].pairs[4 * b + i]));
+                msum = _mm512_dpwssd_epi32(msum, mp[i], _mm512_set1_epi32(x[t].side[4 * b + i]));
             __m512 dx = _mm512_set1_ps(x[t].d[b]);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, dx), acc[t]);
             acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, dx), acc[t]);
@@ -514,40 +464,65 @@ TGT_Q INLINE void k16_tile(int T, const uint8_t *group, int64_t nsb, const k16_x
         _mm512_storeu_ps(Y + t * ldy, acc[t]);
 }
 
-TGT_Q static void mm_q4_k_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
-                              int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+/* ------------------------------------------------------------ R16 driver ----
+ * Tokens in chunks that stay in L2 while every row group of the range passes over them;
+ * within a chunk, tiles of tokens against one group at a time. */
+
+TGT_Q INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
+                             float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
 {
-    int64_t nsb = n / QK_K, chunk = n_tok < R16_TOKEN_CHUNK ? n_tok : R16_TOKEN_CHUNK;
-    int32_t local[R16_LOCAL_STARTS];
-    int32_t *pairs = chunk * nsb * 4 <= R16_LOCAL_STARTS ? local : pack_alloc(sizeof(int32_t) * (size_t)(chunk * nsb * 4));
-    k16_x x[R16_TOKEN_CHUNK];
+    bool k = ktype == BLADE_KTYPE_Q4_K_R16;
+    int64_t nb = n / (k ? QK_K : QK8_0), per_token = nb * (k ? 4 : 1), tile = k ? K16_TILE_T : R16_TILE_T;
+    int64_t chunk = n_tok < R16_TOKEN_CHUNK ? n_tok : R16_TOKEN_CHUNK;
+    /* small calls (one token, short rows) are common in decode: no allocation for them */
+    int32_t local[R16_LOCAL_SIDE];
+    int32_t *side = chunk * per_token <= R16_LOCAL_SIDE ? local : pack_alloc(sizeof(int32_t) * (size_t)(chunk * per_token));
+    r16_x x[R16_TOKEN_CHUNK];
     for (int64_t c = 0; c < n_tok; c += R16_TOKEN_CHUNK) {
         int64_t c1 = c + R16_TOKEN_CHUNK < n_tok ? c + R16_TOKEN_CHUNK : n_tok;
         for (int64_t t = c; t < c1; t++) {
-            act_k_view a = act_k_at((const uint8_t *)X + t * (int64_t)x_stride, n);
-            int32_t *p = pairs + (t - c) * nsb * 4;
-            for (int64_t k = 0; k < nsb * 4; k++) {
-                const int16_t *s16 = a.sum16 + 4 * k;
-                uint16_t lo = (uint16_t)(s16[0] + s16[1]), hi = (uint16_t)(s16[2] + s16[3]);
-                p[k] = (int32_t)((uint32_t)lo | (uint32_t)hi << 16);
+            int32_t *ts = side + (t - c) * per_token;
+            r16_token_side(ktype, (const uint8_t *)X + t * (int64_t)x_stride, n, ts);
+            if (k) {
+                act_k_view a = act_k_at((const uint8_t *)X + t * (int64_t)x_stride, n);
+                x[t - c] = (r16_x){a.q, a.d, ts};
+            } else {
+                act_q8_view a = act_q8_at((const uint8_t *)X + t * (int64_t)x_stride, n);
+                x[t - c] = (r16_x){a.q, a.d, ts};
             }
-            x[t - c] = (k16_x){a.q, a.d, p};
         }
         for (int64_t g = r0; g < r1; g += BLADE_R16_ROWS) {
             const uint8_t *group = (const uint8_t *)W + g * (int64_t)w_stride;
-            for (int64_t t = c; t < c1; t += K16_TILE_T) {
-                int64_t nt = c1 - t < K16_TILE_T ? c1 - t : K16_TILE_T;
-                const k16_x *xt = x + (t - c);
+            for (int64_t t = c; t < c1; t += tile) {
+                int64_t nt = c1 - t < tile ? c1 - t : tile;
+                const r16_x *xt = x + (t - c);
                 float *y = Y + t * ldy + g;
-#define K16_TILE(T) k16_tile(T, group, nsb, xt, y, ldy)
-                WITH_CONST_T(nt, K16_TILE_T, K16_TILE)
+#define K16_TILE(T) k16_tile(T, group, nb, xt, y, ldy)
+#define R16_TILE(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, group, nb, xt, y, ldy)
+                if (k) {
+                    WITH_CONST_T(nt, K16_TILE_T, K16_TILE)
+                } else {
+                    WITH_CONST_T16(nt, R16_TILE)
+                }
 #undef K16_TILE
+#undef R16_TILE
             }
         }
     }
-    if (pairs != local)
-        free(pairs);
+    if (side != local)
+        free(side);
 }
+
+#define R16_KERNEL(name, ktype)                                                                                \
+    TGT_Q static void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y, \
+                           int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                 \
+    {                                                                                                          \
+        r16_matmul(ktype, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                                 \
+    }
+
+R16_KERNEL(mm_q4_0_r16, BLADE_KTYPE_Q4_0_R16)
+R16_KERNEL(mm_q8_0_r16, BLADE_KTYPE_Q8_0_R16)
+R16_KERNEL(mm_q4_k_r16, BLADE_KTYPE_Q4_K_R16)
 
 /* ------------------------------------------------------------ Q4_K, Q5_K, Q6_K ----
  * Unit: a 256 super-block as four 64-byte vectors of unsigned quants in natural element
