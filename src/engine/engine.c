@@ -511,6 +511,7 @@ static bool become_padding(blade_engine *e, request_state *r)
     if (!grown)
         return false;
     r->tokens = grown;
+    r->seq.tokens = grown;
     r->cap_tokens = r->seq.max_total = e->max_context;
     r->padding = true;
     return true;
