@@ -80,6 +80,7 @@ typedef struct gguf_file {
     size_t size;
     size_t map_bytes; /* of the mapping, size rounded up when the file was copied to huge pages */
     bool owns_map;    /* false for gguf_open_memory */
+    bool copied;      /* the map is gguf_open's copy in anonymous memory, not the file's pages */
     uint32_t version;
     uint64_t n_kv;
     gguf_kv *kv;
@@ -94,10 +95,12 @@ gguf_file *gguf_open(const char *path, blade_error *err);
 /* Parses a buffer the caller keeps alive (used by tests); same validation. */
 gguf_file *gguf_open_memory(const void *buf, size_t size, blade_error *err);
 void gguf_close(gguf_file *f);
-/* Makes the tensor data of a file gguf_open mapped writable (returning the map's start, to
- * which tensor offsets apply) or read-only again (returning NULL), so a loader can
- * rearrange weights in place once. NULL for memory given to gguf_open_memory, which the
- * caller owns, or when the protection cannot be changed. */
+/* Makes the tensor data of a file gguf_open copied into memory writable (returning the
+ * map's start, to which tensor offsets apply) or read-only again (returning NULL), so a
+ * loader can rearrange weights in place once. NULL for memory given to gguf_open_memory,
+ * which the caller owns, for a file read through its own mapping (writing would turn its
+ * page-cache pages into private memory one by one, what that mapping is kept to avoid), or
+ * when the protection cannot be changed. */
 uint8_t *gguf_set_writable(gguf_file *f, bool writable);
 
 const char *gguf_value_type_name(gguf_value_type t);

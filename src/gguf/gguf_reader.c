@@ -727,6 +727,7 @@ gguf_file *gguf_open(const char *path, blade_error *err)
     f->size = size;
     f->map_bytes = copy ? copy_bytes : size;
     f->owns_map = true;
+    f->copied = copy != NULL;
     if (parse(f, err) != 0) {
         blade_error_prefix(err, "%s", path);
         gguf_close(f);
@@ -737,9 +738,8 @@ gguf_file *gguf_open(const char *path, blade_error *err)
 
 uint8_t *gguf_set_writable(gguf_file *f, bool writable)
 {
-    if (!f->owns_map)
+    if (!f->copied)
         return NULL;
-    /* A private mapping of the file takes writes copy-on-write, page by page. */
     if (mprotect((void *)f->map, f->map_bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ) != 0 || !writable)
         return NULL;
     return (uint8_t *)f->map;
