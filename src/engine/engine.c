@@ -501,18 +501,26 @@ static void retire(blade_engine *e, request_state *r)
     live_unlink(e, r);
 }
 
-/* A fixed-shape batch sizes every seat for the longest member, so a padding seat may run
- * past its own request's length, up to the context limit. False when it cannot. */
+/* A fixed-shape batch sizes every seat for its longest member, so a padding seat may run
+ * past its own request's length: as many more steps as the member with the most left can
+ * take (what --kv-alloc contiguous then reserves for it), up to the context limit. False
+ * when no member is left, the batch ending with this one, or when it cannot grow. */
 static bool become_padding(blade_engine *e, request_state *r)
 {
-    if (r->seq.n_tokens >= e->max_context)
+    int64_t rest = 0;
+    for (const request_state *q = e->live; q; q = q->next_live)
+        if (q != r && !q->padding && q->seq.state == BLADE_SEQ_RUNNING && q->seq.max_total - q->seq.n_tokens > rest)
+            rest = q->seq.max_total - q->seq.n_tokens;
+    int64_t total = r->seq.n_tokens + rest;
+    total = total < e->max_context ? total : e->max_context;
+    if (rest == 0 || total <= r->seq.n_tokens)
         return false;
-    int32_t *grown = realloc(r->tokens, (size_t)e->max_context * sizeof *grown);
+    int32_t *grown = realloc(r->tokens, (size_t)total * sizeof *grown);
     if (!grown)
         return false;
     r->tokens = grown;
     r->seq.tokens = grown;
-    r->cap_tokens = r->seq.max_total = e->max_context;
+    r->cap_tokens = r->seq.max_total = (int32_t)total;
     r->padding = true;
     return true;
 }
