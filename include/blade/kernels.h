@@ -47,8 +47,10 @@ size_t blade_act_row_bytes(uint32_t weight_type, int64_t n);
 void blade_act_convert(uint32_t weight_type, const float *x, void *out, int64_t n);
 
 /* Y[t * ldy + r] = dot(W row r, X row t) for r in [r0, r1), t in [0, n_tok).
- * W rows are n elements of weight_type, w_stride bytes apart; X rows are converted
- * activations, x_stride bytes apart. Each weight block is loaded once per tile of tokens. */
+ * W rows are n elements of weight_type, w_stride bytes apart (blade_matmul_row_bytes; for
+ * the repacked types below, r0 and r1 are multiples of blade_matmul_row_align); X rows are
+ * converted activations, x_stride bytes apart. Each weight block is loaded once per tile
+ * of tokens. */
 void blade_matmul(uint32_t weight_type, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
                   float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1);
 
