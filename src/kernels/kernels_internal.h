@@ -70,7 +70,6 @@ static inline act_k_view act_k_at(const void *row, int64_t n)
 #define R16_Q4_CHUNKS 4
 #define R16_Q8_CHUNKS 8
 
-
 static inline int32_t r16_start(uint32_t ktype, int32_t act_sum)
 {
     return (ktype == BLADE_KTYPE_Q4_0_R16 ? -8 : -128) * act_sum;
@@ -121,23 +120,32 @@ static inline void r16_k_unpack(const uint8_t *blk, uint8_t sc[128], uint8_t m[1
     }
 }
 
-/* The integers a token contributes per block of an R16 product, from its converted row:
- * Q4_0/Q8_0, one per 32-block, r16_start; Q4_K, four per super-block, the activation sums
- * of sub-blocks 2i and 2i+1 as the low and high int16 of one int32 (|sum| <= 32 x 127). */
-static inline void r16_token_side(uint32_t ktype, const void *row, int64_t n, int32_t *out)
+/* A token's side of an R16 product: its quants and block scales from the converted row,
+ * and per block the integers the kernels add. Q4_0/Q8_0: one per 32-block, r16_start;
+ * Q4_K: four per super-block, the activation sums of sub-blocks 2i and 2i+1 as the low and
+ * high int16 of one int32 (|sum| <= 32 x 127). */
+typedef struct r16_x {
+    const int8_t *q;
+    const float *d;
+    const int32_t *side;
+} r16_x;
+
+/* Fills side (n/32 or n/256 x 4 integers) from the converted row and returns the view. */
+static inline r16_x r16_token(uint32_t ktype, const void *row, int64_t n, int32_t *side)
 {
     if (ktype == BLADE_KTYPE_Q4_K_R16) {
         act_k_view a = act_k_at(row, n);
         for (int64_t k = 0; k < n / QK_K * 4; k++) {
             const int16_t *s16 = a.sum16 + 4 * k;
             uint16_t lo = (uint16_t)(s16[0] + s16[1]), hi = (uint16_t)(s16[2] + s16[3]);
-            out[k] = (int32_t)((uint32_t)lo | (uint32_t)hi << 16);
+            side[k] = (int32_t)((uint32_t)lo | (uint32_t)hi << 16);
         }
-    } else {
-        act_q8_view a = act_q8_at(row, n);
-        for (int64_t b = 0; b < n / QK8_0; b++)
-            out[b] = r16_start(ktype, a.sum[b]);
+        return (r16_x){a.q, a.d, side};
     }
+    act_q8_view a = act_q8_at(row, n);
+    for (int64_t b = 0; b < n / QK8_0; b++)
+        side[b] = r16_start(ktype, a.sum[b]);
+    return (r16_x){a.q, a.d, side};
 }
 
 /* Vector activation converters, byte-identical to the portable ones (the same IEEE
@@ -202,6 +210,16 @@ blade_act_fn blade_act_avx512_converter(uint32_t type);
 /* One weight type's kernel on one ISA: the blade_matmul contract minus the type. */
 typedef void (*blade_matmul_fn)(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
                                 int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1);
+
+/* Defines `name`, a blade_matmul_fn with the target attribute TARGET, that runs
+ * driver(arg, ...) with the same arguments: one driver serves the weight types it takes
+ * as arg (a type, a kind or a flag). */
+#define BLADE_DRIVEN_KERNEL(TARGET, name, driver, arg)                                                                 \
+    TARGET static void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,       \
+                            int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                        \
+    {                                                                                                                  \
+        driver(arg, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                                               \
+    }
 
 /* NULL where the ISA file has no kernel for the type (or, for AVX-512, where the CPU
  * lacks the extension the kernel needs; blade_matmul then uses the AVX2 kernel). */

@@ -157,17 +157,8 @@ TGT INLINE void q32_matmul(bool q4, const void *W, size_t w_stride, const void *
     free(pk);
 }
 
-TGT static void mm_q4_0(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
-                        int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
-{
-    q32_matmul(true, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
-}
-
-TGT static void mm_q8_0(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
-                        int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
-{
-    q32_matmul(false, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
-}
+BLADE_DRIVEN_KERNEL(TGT, mm_q4_0, q32_matmul, true)
+BLADE_DRIVEN_KERNEL(TGT, mm_q8_0, q32_matmul, false)
 
 /* ------------------------------------------------------------------- R16 ----
  * Q4_0/Q8_0 repacked at load (kernels_internal.h), eight rows per vector: each group is
@@ -228,13 +219,6 @@ TGT INLINE __m256 r16_step(bool q4, const r16_w *w, const int8_t *xq, float xd, 
     }
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(w->d, _mm256_set1_ps(xd)), acc);
 }
-
-/* A token's side of an R16 product (see the AVX-512 file). */
-typedef struct r16_x {
-    const int8_t *q;
-    const float *d;
-    const int32_t *side;
-} r16_x;
 
 /* Half h of one group against T tokens; the side's start is the Q4_0 offset term (Q8_0
  * takes none here, its products are signed). */
@@ -314,13 +298,8 @@ TGT INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, const
     r16_x xa[TOKEN_CHUNK];
     for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {
         int64_t c1 = c + TOKEN_CHUNK < n_tok ? c + TOKEN_CHUNK : n_tok;
-        for (int64_t t = c; t < c1; t++) {
-            const uint8_t *row = (const uint8_t *)X + t * (int64_t)x_stride;
-            int32_t *ts = side + (t - c) * per_token;
-            r16_token_side(ktype, row, n, ts);
-            xa[t - c] = k ? (r16_x){act_k_at(row, n).q, act_k_at(row, n).d, ts}
-                          : (r16_x){act_q8_at(row, n).q, act_q8_at(row, n).d, ts};
-        }
+        for (int64_t t = c; t < c1; t++)
+            xa[t - c] = r16_token(ktype, (const uint8_t *)X + t * (int64_t)x_stride, n, side + (t - c) * per_token);
         for (int64_t g = r0; g < r1; g += BLADE_R16_ROWS) {
             const uint8_t *group = (const uint8_t *)W + g * (int64_t)w_stride;
             for (int h = 0; h < 2; h++)
@@ -342,17 +321,9 @@ TGT INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, const
     free(side);
 }
 
-#define R16_KERNEL(name, ktype)                                                                              \
-    TGT static void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y, \
-                         int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                 \
-    {                                                                                                        \
-        r16_matmul(ktype, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                               \
-    }
-
-R16_KERNEL(mm_q4_0_r16, BLADE_KTYPE_Q4_0_R16)
-R16_KERNEL(mm_q8_0_r16, BLADE_KTYPE_Q8_0_R16)
-R16_KERNEL(mm_q4_k_r16, BLADE_KTYPE_Q4_K_R16)
-
+BLADE_DRIVEN_KERNEL(TGT, mm_q4_0_r16, r16_matmul, BLADE_KTYPE_Q4_0_R16)
+BLADE_DRIVEN_KERNEL(TGT, mm_q8_0_r16, r16_matmul, BLADE_KTYPE_Q8_0_R16)
+BLADE_DRIVEN_KERNEL(TGT, mm_q4_k_r16, r16_matmul, BLADE_KTYPE_Q4_K_R16)
 
 /* ------------------------------------------------------------ Q4_K, Q5_K, Q6_K ----
  * Unit: a 256 super-block as eight 32-byte vectors of unsigned quants in natural order;
@@ -527,16 +498,9 @@ TGT INLINE void k_matmul(enum k_kind kind, const void *W, size_t w_stride, const
     free(pk);
 }
 
-#define K_KERNEL(name, kind)                                                                                 \
-    TGT static void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y, \
-                         int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                 \
-    {                                                                                                        \
-        k_matmul(kind, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                                 \
-    }
-
-K_KERNEL(mm_q4_k, K4)
-K_KERNEL(mm_q5_k, K5)
-K_KERNEL(mm_q6_k, K6)
+BLADE_DRIVEN_KERNEL(TGT, mm_q4_k, k_matmul, K4)
+BLADE_DRIVEN_KERNEL(TGT, mm_q5_k, k_matmul, K5)
+BLADE_DRIVEN_KERNEL(TGT, mm_q6_k, k_matmul, K6)
 
 /* ------------------------------------------------------------ F32, F16, BF16 ----
  * Unit: 8 weights, one FMA per unit and (row, token). A row's tail past the last full

@@ -269,17 +269,8 @@ TGT_Q INLINE void q32_matmul(bool q4, const void *W, size_t w_stride, const void
     free(pk);
 }
 
-TGT_Q static void mm_q4_0(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
-                          int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
-{
-    q32_matmul(true, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
-}
-
-TGT_Q static void mm_q8_0(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
-                          int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
-{
-    q32_matmul(false, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
-}
+BLADE_DRIVEN_KERNEL(TGT_Q, mm_q4_0, q32_matmul, true)
+BLADE_DRIVEN_KERNEL(TGT_Q, mm_q8_0, q32_matmul, false)
 
 /* ------------------------------------------------------------------- R16 ----
  * Q4_0/Q8_0 repacked at load (kernels_internal.h). Per block and token: the 16 rows'
@@ -298,15 +289,6 @@ typedef struct r16_w {
     __m512i q[8];
     __m512 d;
 } r16_w;
-
-/* A token's side of an R16 product: its quants and block scales, and per block the
- * integers the kernel adds (Q4_0/Q8_0: the start of the block sum; Q4_K: four pairs of
- * sub-block activation sums, see r16_token_side). */
-typedef struct r16_x {
-    const int8_t *q;
-    const float *d;
-    const int32_t *side;
-} r16_x;
 
 TGT_F INLINE void r16_load(bool q4, const uint8_t *blk, r16_w *w)
 {
@@ -480,17 +462,8 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, con
     r16_x x[R16_TOKEN_CHUNK];
     for (int64_t c = 0; c < n_tok; c += R16_TOKEN_CHUNK) {
         int64_t c1 = c + R16_TOKEN_CHUNK < n_tok ? c + R16_TOKEN_CHUNK : n_tok;
-        for (int64_t t = c; t < c1; t++) {
-            int32_t *ts = side + (t - c) * per_token;
-            r16_token_side(ktype, (const uint8_t *)X + t * (int64_t)x_stride, n, ts);
-            if (k) {
-                act_k_view a = act_k_at((const uint8_t *)X + t * (int64_t)x_stride, n);
-                x[t - c] = (r16_x){a.q, a.d, ts};
-            } else {
-                act_q8_view a = act_q8_at((const uint8_t *)X + t * (int64_t)x_stride, n);
-                x[t - c] = (r16_x){a.q, a.d, ts};
-            }
-        }
+        for (int64_t t = c; t < c1; t++)
+            x[t - c] = r16_token(ktype, (const uint8_t *)X + t * (int64_t)x_stride, n, side + (t - c) * per_token);
         for (int64_t g = r0; g < r1; g += BLADE_R16_ROWS) {
             const uint8_t *group = (const uint8_t *)W + g * (int64_t)w_stride;
             for (int64_t t = c; t < c1; t += tile) {
@@ -513,16 +486,9 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, con
         free(side);
 }
 
-#define R16_KERNEL(name, ktype)                                                                                \
-    TGT_Q static void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y, \
-                           int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                 \
-    {                                                                                                          \
-        r16_matmul(ktype, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                                 \
-    }
-
-R16_KERNEL(mm_q4_0_r16, BLADE_KTYPE_Q4_0_R16)
-R16_KERNEL(mm_q8_0_r16, BLADE_KTYPE_Q8_0_R16)
-R16_KERNEL(mm_q4_k_r16, BLADE_KTYPE_Q4_K_R16)
+BLADE_DRIVEN_KERNEL(TGT_Q, mm_q4_0_r16, r16_matmul, BLADE_KTYPE_Q4_0_R16)
+BLADE_DRIVEN_KERNEL(TGT_Q, mm_q8_0_r16, r16_matmul, BLADE_KTYPE_Q8_0_R16)
+BLADE_DRIVEN_KERNEL(TGT_Q, mm_q4_k_r16, r16_matmul, BLADE_KTYPE_Q4_K_R16)
 
 /* ------------------------------------------------------------ Q4_K, Q5_K, Q6_K ----
  * Unit: a 256 super-block as four 64-byte vectors of unsigned quants in natural element
@@ -762,16 +728,9 @@ TGT_Q INLINE void k_matmul(enum k_kind kind, const void *W, size_t w_stride, con
     free(pk);
 }
 
-#define K_KERNEL(name, kind)                                                                                   \
-    TGT_Q static void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y, \
-                           int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                 \
-    {                                                                                                          \
-        k_matmul(kind, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                                   \
-    }
-
-K_KERNEL(mm_q4_k, K4)
-K_KERNEL(mm_q5_k, K5)
-K_KERNEL(mm_q6_k, K6)
+BLADE_DRIVEN_KERNEL(TGT_Q, mm_q4_k, k_matmul, K4)
+BLADE_DRIVEN_KERNEL(TGT_Q, mm_q5_k, k_matmul, K5)
+BLADE_DRIVEN_KERNEL(TGT_Q, mm_q6_k, k_matmul, K6)
 
 /* ------------------------------------------------------------ F32, F16, BF16 ----
  * Unit: 16 weights (32 for vdpbf16ps) against f32 (bf16) activations, one FMA per unit

@@ -231,17 +231,8 @@ static void mm_q4_k_r16(const void *W, size_t w_stride, const void *X, size_t x_
     }
 }
 
-static void mm_q4_0_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
-                        int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
-{
-    mm_r16(BLADE_KTYPE_Q4_0_R16, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
-}
-
-static void mm_q8_0_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
-                        int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
-{
-    mm_r16(BLADE_KTYPE_Q8_0_R16, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
-}
+BLADE_DRIVEN_KERNEL(, mm_q4_0_r16, mm_r16, BLADE_KTYPE_Q4_0_R16)
+BLADE_DRIVEN_KERNEL(, mm_q8_0_r16, mm_r16, BLADE_KTYPE_Q8_0_R16)
 
 static void run(dot_fn dot, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
                 int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)

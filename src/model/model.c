@@ -221,31 +221,27 @@ static int bind_weights(blade_model *m, blade_error *err)
  * embedding is read a row at a time and keeps the file layout, and so does an output
  * matrix tied to it. Only gguf_open's in-memory copy is rearranged: a file too large to
  * copy, or memory the caller owns, keeps the file layout and the kernels for it. */
+static void repack(blade_model *m, uint8_t *base, blade_weight *w)
+{
+    uint32_t packed = blade_matmul_repacked_type(w->type, w->n_in, w->n_out);
+    if (!packed)
+        return;
+    blade_matmul_repack(w->type, base + ((const uint8_t *)w->data - m->file->map), w->n_in, w->n_out);
+    w->type = packed;
+}
+
 static void repack_weights(blade_model *m)
 {
     uint8_t *base = gguf_set_writable(m->file, true);
     if (!base)
         return;
-    blade_weight *ws[7];
-    for (int l = -1; l < m->hp.n_layer; l++) {
-        int n = 0;
-        if (l < 0) {
-            if (!m->hp.tied_embeddings)
-                ws[n++] = &m->output;
-        } else {
-            blade_layer *L = &m->layers[l];
-            blade_weight *layer_ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
-            for (size_t i = 0; i < sizeof layer_ws / sizeof layer_ws[0]; i++)
-                ws[n++] = layer_ws[i];
-        }
-        for (int i = 0; i < n; i++) {
-            blade_weight *w = ws[i];
-            uint32_t packed = blade_matmul_repacked_type(w->type, w->n_in, w->n_out);
-            if (!packed)
-                continue;
-            blade_matmul_repack(w->type, base + ((const uint8_t *)w->data - m->file->map), w->n_in, w->n_out);
-            w->type = packed;
-        }
+    if (!m->hp.tied_embeddings)
+        repack(m, base, &m->output);
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        blade_layer *L = &m->layers[l];
+        blade_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            repack(m, base, ws[i]);
     }
     gguf_set_writable(m->file, false);
 }
