@@ -223,13 +223,91 @@ static void test_default_size(void **state)
     blade_threadpool_free(p);
 }
 
+/* Work sharing: every unit is handed out exactly once, whatever the pool size and the
+ * unit count; a thread that is held up has the rest of its share taken by the others. */
+typedef struct shared_work {
+    blade_work_share *w;
+    int64_t n;
+    _Atomic int *taken;     /* per unit: how many times it was handed out */
+    _Atomic int64_t stolen; /* units a thread took outside its own share */
+    int slow_thread;        /* sleeps before its first piece; -1: none */
+} shared_work;
+
+static void take_all(void *ctx, int ith, int nth)
+{
+    shared_work *s = ctx;
+    if (ith == s->slow_thread)
+        sleep_ms(20);
+    int64_t own_b = s->n * ith / nth, own_e = s->n * (ith + 1) / nth, b, e;
+    while (blade_work_share_next(s->w, ith, &b, &e)) {
+        if (b < 0 || e > s->n || b >= e) {
+            atomic_fetch_add(&s->taken[0], 1000);
+            continue;
+        }
+        for (int64_t u = b; u < e; u++) {
+            atomic_fetch_add(&s->taken[u], 1);
+            if (u < own_b || u >= own_e)
+                atomic_fetch_add(&s->stolen, 1);
+        }
+    }
+}
+
+static void test_work_share(void **state)
+{
+    (void)state;
+    const int64_t counts[] = {0, 1, 3, 7, 160, 10007};
+    for (int n = 1; n <= 4; n++) {
+        blade_threadpool *p = blade_threadpool_new(n);
+        shared_work s = {.w = blade_work_share_new(n), .slow_thread = -1};
+        assert_non_null(s.w);
+        for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+            s.n = counts[c];
+            s.taken = calloc((size_t)s.n + 1, sizeof *s.taken);
+            for (int r = 0; r < 50; r++) {
+                blade_work_share_reset(s.w, s.n);
+                blade_threadpool_run(p, take_all, &s);
+            }
+            for (int64_t u = 0; u < s.n; u++)
+                if (atomic_load(&s.taken[u]) != 50)
+                    fail_msg("pool of %d, %lld units: unit %lld handed out %d times in 50 runs", n,
+                             (long long)s.n, (long long)u, atomic_load(&s.taken[u]));
+            free(s.taken);
+        }
+        if (n > 1) {
+            /* The last thread sleeps: the others finish its share before it wakes. */
+            s.n = 1000;
+            s.slow_thread = n - 1;
+            s.taken = calloc((size_t)s.n, sizeof *s.taken);
+            atomic_store(&s.stolen, 0);
+            blade_work_share_reset(s.w, s.n);
+            blade_threadpool_run(p, take_all, &s);
+            for (int64_t u = 0; u < s.n; u++)
+                assert_int_equal(atomic_load(&s.taken[u]), 1);
+            assert_true(atomic_load(&s.stolen) > 0);
+            s.slow_thread = -1;
+            free(s.taken);
+        }
+        /* A share sized for n threads, run inline by one: that thread takes everything. */
+        s.n = 777;
+        s.taken = calloc((size_t)s.n, sizeof *s.taken);
+        blade_work_share_reset(s.w, s.n);
+        take_all(&s, 0, 1);
+        for (int64_t u = 0; u < s.n; u++)
+            assert_int_equal(atomic_load(&s.taken[u]), 1);
+        free(s.taken);
+        blade_work_share_free(s.w);
+        blade_threadpool_free(p);
+    }
+    blade_work_share_free(NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_many_runs),      cmocka_unit_test(test_partition),
         cmocka_unit_test(test_nested),         cmocka_unit_test(test_concurrent_callers),
         cmocka_unit_test(test_idle_and_free),  cmocka_unit_test(test_caller_blocks),
-        cmocka_unit_test(test_default_size),
+        cmocka_unit_test(test_default_size),   cmocka_unit_test(test_work_share),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -101,4 +101,19 @@ int blade_threadpool_size(const blade_threadpool *p);
 void blade_threadpool_run(blade_threadpool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx);
 int blade_physical_cores(void);
 
+/* ---- work sharing ----
+ * A run's n units of work split into one contiguous share per pool thread, taken from
+ * the front in pieces by its owner; a thread whose share is done takes pieces from the
+ * back of another's. Each thread streams one contiguous range (what the prefetchers
+ * want) until the end, where the faster thread finishes the slower one's rest instead of
+ * waiting for it. */
+typedef struct blade_work_share blade_work_share;
+
+blade_work_share *blade_work_share_new(int n_threads);
+void blade_work_share_free(blade_work_share *w);
+/* Starts a new run of n_units; called before blade_threadpool_run, whose start publishes it. */
+void blade_work_share_reset(blade_work_share *w, int64_t n_units);
+/* The next piece [begin, end) for thread ith; false once no unit is left anywhere. */
+bool blade_work_share_next(blade_work_share *w, int ith, int64_t *begin, int64_t *end);
+
 #endif

@@ -810,12 +810,13 @@ TGT_F INLINE void f_tile(enum f_kind kind, int R, int T, const uint8_t *const *r
             for (int k = 0; k < F_STRIPES; k++)
                 p[k] = _mm512_fmadd_ps(f_load(kind, rows[0], u + k, (__mmask16)0xFFFF), _mm512_loadu_ps(xs[0] + 16 * (u + k)),
                                        p[k]);
-        for (; u < nu; u++)
-            p[u % F_STRIPES] = _mm512_fmadd_ps(f_load(kind, rows[0], u, (__mmask16)0xFFFF),
-                                               _mm512_loadu_ps(xs[0] + 16 * u), p[u % F_STRIPES]);
-        if (tail)
-            p[nu % F_STRIPES] = _mm512_fmadd_ps(f_load(kind, rows[0], nu, tail), _mm512_loadu_ps(xs[0] + 16 * nu),
-                                                p[nu % F_STRIPES]);
+        /* u is a multiple of F_STRIPES, so unit u + k belongs to partial k: constant
+         * indices keep the partials in registers (an indexed one lives on the stack). */
+        for (int k = 0; k < F_STRIPES; k++) {
+            __mmask16 m = u + k < nu ? (__mmask16)0xFFFF : u + k == nu ? tail : 0;
+            if (m)
+                p[k] = _mm512_fmadd_ps(f_load(kind, rows[0], u + k, m), _mm512_loadu_ps(xs[0] + 16 * (u + k)), p[k]);
+        }
         out[0] = stripes_sum(p);
         return;
     }
@@ -861,13 +862,12 @@ TGT_BF INLINE void bf16_tile(int R, int T, const uint8_t *const *rows, const uin
             for (int k = 0; k < F_STRIPES; k++)
                 p[k] = _mm512_dpbf16_ps(p[k], (__m512bh)_mm512_loadu_si512(rows[0] + 64 * (u + k)),
                                         (__m512bh)_mm512_loadu_si512(xs[0] + 32 * (u + k)));
-        for (; u < nu; u++)
-            p[u % F_STRIPES] = _mm512_dpbf16_ps(p[u % F_STRIPES], (__m512bh)_mm512_loadu_si512(rows[0] + 64 * u),
-                                                (__m512bh)_mm512_loadu_si512(xs[0] + 32 * u));
-        if (tail)
-            p[nu % F_STRIPES] = _mm512_dpbf16_ps(p[nu % F_STRIPES],
-                                                 (__m512bh)_mm512_maskz_loadu_epi16(tail, rows[0] + 64 * nu),
-                                                 (__m512bh)_mm512_loadu_si512(xs[0] + 32 * nu));
+        for (int k = 0; k < F_STRIPES; k++) { /* as in f_tile */
+            __mmask32 m = u + k < nu ? (__mmask32)0xFFFFFFFF : u + k == nu ? tail : 0;
+            if (m)
+                p[k] = _mm512_dpbf16_ps(p[k], (__m512bh)_mm512_maskz_loadu_epi16(m, rows[0] + 64 * (u + k)),
+                                        (__m512bh)_mm512_loadu_si512(xs[0] + 32 * (u + k)));
+        }
         out[0] = stripes_sum(p);
         return;
     }

@@ -41,6 +41,7 @@ struct blade_runner {
     token_ref *refs;
     int32_t *logit_tokens; /* batch token index of every wanted logit row */
     int32_t *work;         /* (seq, kv head) attention work items */
+    blade_work_share *rows_share; /* matrix products: row units between the pool's threads */
 };
 
 /* ---- helpers ---- */
@@ -66,13 +67,20 @@ static size_t weight_stride(const blade_weight *w)
     return blade_matmul_row_bytes(w->type, w->n_in);
 }
 
-/* A thread's share of a weight's rows, in whole groups of the layout's row alignment. */
-static void split_rows(const blade_weight *w, int ith, int nth, int64_t *begin, int64_t *end)
+/* Matrix products hand out rows in units of this many, a multiple of every layout's row
+ * alignment (kernels.h). Which thread computes a row never changes its bits. */
+#define ROW_UNIT BLADE_R16_ROWS
+
+static int64_t row_units(const blade_weight *w)
 {
-    int64_t align = blade_matmul_row_align(w->type);
-    split(w->n_out / align, ith, nth, begin, end);
-    *begin *= align;
-    *end *= align;
+    return (w->n_out + ROW_UNIT - 1) / ROW_UNIT;
+}
+
+/* Rows [begin, end) of a weight for units [ub, ue) of it. */
+static void unit_rows(const blade_weight *w, int64_t ub, int64_t ue, int64_t *begin, int64_t *end)
+{
+    *begin = ub * ROW_UNIT;
+    *end = ue * ROW_UNIT < w->n_out ? ue * ROW_UNIT : w->n_out;
 }
 
 /* ---- construction ---- */
@@ -129,6 +137,8 @@ blade_runner *blade_runner_new(const blade_model *m, blade_kv_store *kv, blade_t
     r->up = alloc_array(T * hp->n_ff, sizeof(float), &ok);
     r->refs = alloc_array(T, sizeof *r->refs, &ok);
     r->logit_tokens = alloc_array(T, sizeof *r->logit_tokens, &ok);
+    r->rows_share = blade_work_share_new(blade_threadpool_size(pool));
+    ok = ok && r->rows_share != NULL;
     r->work = alloc_array(T * hp->n_head_kv, sizeof *r->work, &ok);
     if (!ok) {
         blade_runner_free(r);
@@ -160,6 +170,7 @@ void blade_runner_free(blade_runner *r)
     free(r->refs);
     free(r->logit_tokens);
     free(r->work);
+    blade_work_share_free(r->rows_share);
     free(r);
 }
 
@@ -245,18 +256,27 @@ static void run_norm_convert(step *s, float *in, float *add_to_in, int64_t width
     blade_threadpool_run(s->r->pool, task_norm_convert, s);
 }
 
-/* Y = X W^T for up to three weights sharing one input; each thread takes the same share
- * of every weight's rows, so all threads finish together. */
+/* Y = X W^T for up to three weights sharing one input: their row units, one after the
+ * other, are the run's work share. */
 static void task_matmul(void *ctx, int ith, int nth)
 {
+    (void)nth;
     step *s = ctx;
-    for (int i = 0; i < s->n_w; i++) {
-        const blade_weight *w = s->w[i];
-        int64_t b, e;
-        split_rows(w, ith, nth, &b, &e);
-        if (b < e)
-            blade_matmul(w->type, w->data, weight_stride(w), s->r->act, s->r->act_stride, w->n_in, s->out[i],
-                         w->n_out, s->n_rows, b, e);
+    int64_t ub, ue;
+    while (blade_work_share_next(s->r->rows_share, ith, &ub, &ue)) {
+        int64_t first = 0;
+        for (int i = 0; i < s->n_w && ub < ue; i++) {
+            const blade_weight *w = s->w[i];
+            int64_t n = row_units(w);
+            if (ub < first + n) {
+                int64_t piece_end = ue < first + n ? ue : first + n, b, e;
+                unit_rows(w, ub - first, piece_end - first, &b, &e);
+                blade_matmul(w->type, w->data, weight_stride(w), s->r->act, s->r->act_stride, w->n_in, s->out[i],
+                             w->n_out, s->n_rows, b, e);
+                ub = piece_end;
+            }
+            first += n;
+        }
     }
 }
 
@@ -270,6 +290,10 @@ static void run_matmul(step *s, int n, const blade_weight *w0, float *y0, const 
     s->out[1] = y1;
     s->w[2] = w2;
     s->out[2] = y2;
+    int64_t units = 0;
+    for (int i = 0; i < n; i++)
+        units += row_units(s->w[i]);
+    blade_work_share_reset(s->r->rows_share, units);
     blade_threadpool_run(s->r->pool, task_matmul, s);
 }
 
@@ -377,20 +401,21 @@ static float silu(float x)
 /* Gate and up projections of the same rows, then SiLU(gate)·up while both are hot. */
 static void task_gate_up(void *ctx, int ith, int nth)
 {
+    (void)nth;
     step *s = ctx;
     blade_runner *r = s->r;
     const blade_layer *L = &r->m->layers[s->layer];
-    int64_t n_ff = r->m->hp.n_ff, b, e;
-    split_rows(&L->ffn_gate, ith, nth, &b, &e);
-    if (b >= e)
-        return;
-    blade_matmul(L->ffn_gate.type, L->ffn_gate.data, weight_stride(&L->ffn_gate), r->act, r->act_stride,
-                 L->ffn_gate.n_in, r->ffn, n_ff, s->n_tokens, b, e);
-    blade_matmul(L->ffn_up.type, L->ffn_up.data, weight_stride(&L->ffn_up), r->act, r->act_stride, L->ffn_up.n_in,
-                 r->up, n_ff, s->n_tokens, b, e);
-    for (int64_t t = 0; t < s->n_tokens; t++)
-        for (int64_t i = b; i < e; i++)
-            r->ffn[t * n_ff + i] = silu(r->ffn[t * n_ff + i]) * r->up[t * n_ff + i];
+    int64_t n_ff = r->m->hp.n_ff, ub, ue, b, e;
+    while (blade_work_share_next(r->rows_share, ith, &ub, &ue)) {
+        unit_rows(&L->ffn_gate, ub, ue, &b, &e);
+        blade_matmul(L->ffn_gate.type, L->ffn_gate.data, weight_stride(&L->ffn_gate), r->act, r->act_stride,
+                     L->ffn_gate.n_in, r->ffn, n_ff, s->n_tokens, b, e);
+        blade_matmul(L->ffn_up.type, L->ffn_up.data, weight_stride(&L->ffn_up), r->act, r->act_stride,
+                     L->ffn_up.n_in, r->up, n_ff, s->n_tokens, b, e);
+        for (int64_t t = 0; t < s->n_tokens; t++)
+            for (int64_t i = b; i < e; i++)
+                r->ffn[t * n_ff + i] = silu(r->ffn[t * n_ff + i]) * r->up[t * n_ff + i];
+    }
 }
 
 static void task_swiglu(void *ctx, int ith, int nth)
@@ -525,6 +550,7 @@ int blade_runner_forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n
 
         if (L->ffn_up.type == L->ffn_gate.type) {
             run_norm_convert(&s, r->x, r->delta, hp->n_embd, &L->ffn_norm, &L->ffn_gate, s.n_tokens, NULL);
+            blade_work_share_reset(r->rows_share, row_units(&L->ffn_gate));
             blade_threadpool_run(r->pool, task_gate_up, &s);
         } else {
             const blade_weight *gu[2] = {&L->ffn_gate, &L->ffn_up};
