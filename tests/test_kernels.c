@@ -37,7 +37,9 @@ static const uint32_t all_types[] = {BLADE_TYPE_F32,  BLADE_TYPE_F16,  BLADE_TYP
                                      BLADE_TYPE_Q4_0, BLADE_TYPE_Q4_K, BLADE_TYPE_Q5_K, BLADE_TYPE_Q6_K};
 #define N_TYPES (sizeof all_types / sizeof all_types[0])
 /* The layouts blade_matmul_repack makes at load; every ISA must give the same bits. */
-static const uint32_t r16_types[] = {BLADE_KTYPE_Q8_0_R16, BLADE_KTYPE_Q4_0_R16, BLADE_KTYPE_Q4_K_R16};
+static const uint32_t r16_types[] = {BLADE_KTYPE_Q8_0_R16, BLADE_KTYPE_Q4_0_R16, BLADE_KTYPE_Q4_K_R16,
+                                     BLADE_KTYPE_Q6_K_R16};
+#define N_R16_TYPES (sizeof r16_types / sizeof r16_types[0])
 
 static const char *type_name(uint32_t type)
 {
@@ -48,6 +50,8 @@ static const char *type_name(uint32_t type)
         return "Q4_0_R16";
     case BLADE_KTYPE_Q4_K_R16:
         return "Q4_K_R16";
+    case BLADE_KTYPE_Q6_K_R16:
+        return "Q6_K_R16";
     default:
         return blade_type_traits_get(type)->name;
     }
@@ -215,6 +219,7 @@ static void test_invariance_k(void **state)
     check_invariance(BLADE_TYPE_Q5_K, 3 * 256);
     check_invariance(BLADE_TYPE_Q6_K, 3 * 256);
     check_invariance(BLADE_KTYPE_Q4_K_R16, 3 * 256);
+    check_invariance(BLADE_KTYPE_Q6_K_R16, 3 * 256);
 }
 
 /* ---- accuracy ----
@@ -331,8 +336,8 @@ static void test_accuracy(void **state)
                         : 1056;
         check_accuracy(all_types[i], n);
     }
-    for (size_t i = 0; i < sizeof r16_types / sizeof r16_types[0]; i++)
-        check_accuracy(r16_types[i], r16_types[i] == BLADE_KTYPE_Q4_K_R16 ? 2048 : 1056);
+    for (size_t i = 0; i < N_R16_TYPES; i++)
+        check_accuracy(r16_types[i], blade_matmul_base_type(r16_types[i]) >= BLADE_TYPE_Q4_K ? 2048 : 1056);
 }
 
 /* ---- repacking ---- */
@@ -340,10 +345,10 @@ static void test_accuracy(void **state)
 static void test_repack(void **state)
 {
     (void)state;
-    const uint32_t bases[] = {BLADE_TYPE_Q8_0, BLADE_TYPE_Q4_0, BLADE_TYPE_Q4_K};
+    const uint32_t bases[] = {BLADE_TYPE_Q8_0, BLADE_TYPE_Q4_0, BLADE_TYPE_Q4_K, BLADE_TYPE_Q6_K};
     const int64_t rows = 3 * BLADE_R16_ROWS;
-    for (size_t i = 0; i < 3; i++) {
-        int64_t n = bases[i] == BLADE_TYPE_Q4_K ? 3 * 256 : 5 * 32;
+    for (size_t i = 0; i < N_R16_TYPES; i++) {
+        int64_t n = bases[i] >= BLADE_TYPE_Q4_K ? 3 * 256 : 5 * 32;
         uint32_t ktype = blade_matmul_repacked_type(bases[i], n, rows);
         assert_int_equal(ktype, r16_types[i]);
         assert_int_equal(blade_matmul_base_type(ktype), bases[i]);
@@ -362,7 +367,8 @@ static void test_repack(void **state)
     }
     /* Shapes without whole groups of rows, and other types, keep the file layout. */
     assert_int_equal(blade_matmul_repacked_type(BLADE_TYPE_Q4_0, 64, rows + 1), 0);
-    assert_int_equal(blade_matmul_repacked_type(BLADE_TYPE_Q6_K, 256, rows), 0);
+    assert_int_equal(blade_matmul_repacked_type(BLADE_TYPE_Q6_K, 160, rows), 0);
+    assert_int_equal(blade_matmul_repacked_type(BLADE_TYPE_Q5_K, 256, rows), 0);
     assert_int_equal(blade_matmul_base_type(BLADE_TYPE_Q6_K), BLADE_TYPE_Q6_K);
     assert_int_equal(blade_matmul_row_align(BLADE_TYPE_Q4_0), 1);
 }

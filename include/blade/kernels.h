@@ -55,7 +55,7 @@ void blade_matmul(uint32_t weight_type, const void *W, size_t w_stride, const vo
                   float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1);
 
 /* ---- load-time repacking ----
- * Q4_0, Q8_0 and Q4_K matrices are rearranged once, at load, into groups of 16 rows
+ * Q4_0, Q8_0, Q4_K and Q6_K matrices are rearranged once, at load, into groups of 16 rows
  * ("R16"): per block, the 16 rows' scales, then their quants in 64-byte vectors that each
  * hold the same 4 elements of all 16 rows (Q8_0 quants stored as q+128). One integer
  * dot-product instruction against the token's 4 activations, broadcast, then advances 16
@@ -71,6 +71,7 @@ enum {
     BLADE_KTYPE_Q4_0_R16 = 0x100 + BLADE_TYPE_Q4_0,
     BLADE_KTYPE_Q8_0_R16 = 0x100 + BLADE_TYPE_Q8_0,
     BLADE_KTYPE_Q4_K_R16 = 0x100 + BLADE_TYPE_Q4_K,
+    BLADE_KTYPE_Q6_K_R16 = 0x100 + BLADE_TYPE_Q6_K,
 };
 #define BLADE_R16_ROWS 16
 

@@ -102,10 +102,42 @@ static inline int r16_k_min_slot(int j, int r)
     return 32 * (j / 2) + 2 * r + j % 2;
 }
 
+/* Q6_K R16, per group and 256 super-block (R16_K6_BYTES, the bytes of 16 file blocks): d
+ * of the 16 rows (fp16), their int8 scales (sub-block j of row r at byte 16j + r), then
+ * the quants (q+32, 6 bits) by quarters of the super-block, quarter s (sub-blocks 4s..4s+3)
+ * in twelve 64-byte chunks of 4 bytes per row: chunk 4i+g (i = 0, 1) holds elements
+ * 4g..4g+3 of sub-blocks 4s+2i (low nibbles) and 4s+2i+1 (high nibbles), their low four
+ * bits; chunk 8+g holds the top two bits of elements 4g..4g+3 of sub-blocks 4s, 4s+1,
+ * 4s+2, 4s+3 in bits 0-1, 2-3, 4-5, 6-7. A quarter is read front to back. */
+#define R16_K6_D 0
+#define R16_K6_SCALES 32
+#define R16_K6_QS 288
+#define R16_K6_QUARTER (12 * 64)
+#define R16_K6_BYTES (R16_K6_QS + 4 * R16_K6_QUARTER)
+
+/* Byte i of row r in the chunk holding the low bits (hi = false) or the top bits of
+ * elements 4g..4g+3 of sub-block j, and the shift that brings them to bit 0. */
+static inline size_t r16_k6_byte(bool top, int j, int g, int r, int i, int *shift)
+{
+    int quarter = j / 4, pair = j % 4 / 2, chunk = top ? 8 + g : 4 * pair + g;
+    *shift = top ? 2 * (j % 4) : 4 * (j % 2);
+    return R16_K6_QS + (size_t)(R16_K6_QUARTER * quarter + 64 * chunk + 4 * r + i);
+}
+
+/* The 6-bit quant of element 4g+i of sub-block j, row r. */
+static inline int r16_k6_quant(const uint8_t *blk, int j, int g, int r, int i)
+{
+    int sl, sh;
+    size_t lo = r16_k6_byte(false, j, g, r, i, &sl), hi = r16_k6_byte(true, j, g, r, i, &sh);
+    return (blk[lo] >> sl & 0xF) | (blk[hi] >> sh & 3) << 4;
+}
+
 static inline size_t r16_block_bytes(uint32_t ktype)
 {
     if (ktype == BLADE_KTYPE_Q4_K_R16)
         return R16_K_BYTES;
+    if (ktype == BLADE_KTYPE_Q6_K_R16)
+        return R16_K6_BYTES;
     return R16_SCALES + 64 * (size_t)(ktype == BLADE_KTYPE_Q4_0_R16 ? R16_Q4_CHUNKS : R16_Q8_CHUNKS);
 }
 
@@ -123,16 +155,33 @@ static inline void r16_k_unpack(const uint8_t *blk, uint8_t sc[128], uint8_t m[1
 /* A token's side of an R16 product: its quants and block scales from the converted row,
  * and per block the integers the kernels add. Q4_0/Q8_0: one per 32-block, r16_start;
  * Q4_K: four per super-block, the activation sums of sub-blocks 2i and 2i+1 as the low and
- * high int16 of one int32 (|sum| <= 32 x 127). */
+ * high int16 of one int32 (|sum| <= 32 x 127); Q6_K: sixteen per super-block, -32 times
+ * each sub-block's activation sum, where its dot product starts (the quants are q+32). */
 typedef struct r16_x {
     const int8_t *q;
     const float *d;
     const int32_t *side;
 } r16_x;
 
-/* Fills side (n/32 or n/256 x 4 integers) from the converted row and returns the view. */
+/* Integers of side per token for rows of n elements. */
+static inline int64_t r16_side_per_token(uint32_t ktype, int64_t n)
+{
+    if (ktype == BLADE_KTYPE_Q4_K_R16)
+        return n / QK_K * 4;
+    if (ktype == BLADE_KTYPE_Q6_K_R16)
+        return n / QK_K * 16;
+    return n / QK8_0;
+}
+
+/* Fills side (r16_side_per_token integers) from the converted row and returns the view. */
 static inline r16_x r16_token(uint32_t ktype, const void *row, int64_t n, int32_t *side)
 {
+    if (ktype == BLADE_KTYPE_Q6_K_R16) {
+        act_k_view a = act_k_at(row, n);
+        for (int64_t k = 0; k < n / 16; k++)
+            side[k] = -32 * a.sum16[k];
+        return (r16_x){a.q, a.d, side};
+    }
     if (ktype == BLADE_KTYPE_Q4_K_R16) {
         act_k_view a = act_k_at(row, n);
         for (int64_t k = 0; k < n / QK_K * 4; k++) {

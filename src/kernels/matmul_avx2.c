@@ -288,12 +288,55 @@ TGT INLINE void k16_tile(int T, const uint8_t *group, int h, int64_t nsb, const 
         _mm256_storeu_ps(Y + t * ldy + 8 * h, acc[t]);
 }
 
+/* Q6_K R16: the AVX-512 kernel's sums, eight rows per vector. Two of a sub-block's four
+ * vpmaddubsw results add up in int16 (2 x 2 x 63 x 127 < 2^15) before widening. */
+TGT INLINE void k6_tile(int T, const uint8_t *group, int h, int64_t nsb, const r16_x *xa, float *Y, int64_t ldy)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    __m256 acc[R16_TILE_T];
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t *blk = group + b * R16_K6_BYTES;
+        __m256i isum[R16_TILE_T];
+        for (int t = 0; t < T; t++)
+            isum[t] = _mm256_setzero_si256();
+        for (int j = 0; j < QK_K / 16; j++) {
+            int pair = j % 4 / 2;
+            const uint8_t *q = blk + R16_K6_QS + R16_K6_QUARTER * (j / 4) + 32 * h;
+            __m256i w[4];
+            for (int g = 0; g < 4; g++) { /* as k6_pair in the AVX-512 file */
+                __m256i l = _mm256_loadu_si256((const __m256i *)(q + 64 * (4 * pair + g)));
+                __m256i hb = _mm256_loadu_si256((const __m256i *)(q + 64 * (8 + g)));
+                __m256i hs = pair == 0 ? _mm256_slli_epi16(hb, 2) : _mm256_srli_epi16(hb, 2);
+                w[g] = j % 2 ? _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), lo4), _mm256_and_si256(hs, top))
+                             : _mm256_or_si256(_mm256_and_si256(l, lo4), _mm256_and_si256(_mm256_slli_epi16(hs, 2), top));
+            }
+            __m256i scj = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + R16_K6_SCALES + 16 * j + 8 * h)));
+            for (int t = 0; t < T; t++) {
+                const int8_t *xq = xa[t].q + QK_K * b + 16 * j;
+                __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], bcast4(xq)), _mm256_maddubs_epi16(w[1], bcast4(xq + 4)));
+                __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], bcast4(xq + 8)),
+                                              _mm256_maddubs_epi16(w[3], bcast4(xq + 12)));
+                __m256i dot = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)),
+                                               _mm256_set1_epi32(xa[t].side[16 * b + j]));
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(dot, scj));
+            }
+        }
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + R16_K6_D + 16 * h)));
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, _mm256_set1_ps(xa[t].d[b])), acc[t]);
+    }
+    for (int t = 0; t < T; t++)
+        _mm256_storeu_ps(Y + t * ldy + 8 * h, acc[t]);
+}
+
 /* Tokens in chunks, each chunk against every group of the range, half by half. */
 TGT INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
                            float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
 {
-    bool k = ktype == BLADE_KTYPE_Q4_K_R16;
-    int64_t nb = n / (k ? QK_K : QK8_0), per_token = nb * (k ? 4 : 1);
+    bool k4 = ktype == BLADE_KTYPE_Q4_K_R16, k6 = ktype == BLADE_KTYPE_Q6_K_R16;
+    int64_t nb = n / (k4 || k6 ? QK_K : QK8_0), per_token = r16_side_per_token(ktype, n);
     int32_t *side = pack_alloc(sizeof(int32_t) * (size_t)(TOKEN_CHUNK * per_token));
     r16_x xa[TOKEN_CHUNK];
     for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {
@@ -307,13 +350,17 @@ TGT INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, const
                     int64_t nt = c1 - t < R16_TILE_T ? c1 - t : R16_TILE_T;
                     float *y = Y + t * ldy + g;
 #define K16_TILE(T) k16_tile(T, group, h, nb, xa + (t - c), y, ldy)
+#define K6_TILE(T) k6_tile(T, group, h, nb, xa + (t - c), y, ldy)
 #define R16_TILE(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, group, h, nb, xa + (t - c), y, ldy)
-                    if (k) {
+                    if (k4) {
                         WITH_CONST_T(nt, R16_TILE_T, K16_TILE)
+                    } else if (k6) {
+                        WITH_CONST_T(nt, R16_TILE_T, K6_TILE)
                     } else {
                         WITH_CONST_T(nt, R16_TILE_T, R16_TILE)
                     }
 #undef K16_TILE
+#undef K6_TILE
 #undef R16_TILE
                 }
         }
@@ -324,6 +371,7 @@ TGT INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, const
 BLADE_DRIVEN_KERNEL(TGT, mm_q4_0_r16, r16_matmul, BLADE_KTYPE_Q4_0_R16)
 BLADE_DRIVEN_KERNEL(TGT, mm_q8_0_r16, r16_matmul, BLADE_KTYPE_Q8_0_R16)
 BLADE_DRIVEN_KERNEL(TGT, mm_q4_k_r16, r16_matmul, BLADE_KTYPE_Q4_K_R16)
+BLADE_DRIVEN_KERNEL(TGT, mm_q6_k_r16, r16_matmul, BLADE_KTYPE_Q6_K_R16)
 
 /* ------------------------------------------------------------ Q4_K, Q5_K, Q6_K ----
  * Unit: a 256 super-block as eight 32-byte vectors of unsigned quants in natural order;
@@ -776,6 +824,8 @@ blade_matmul_fn blade_matmul_avx2_kernel(uint32_t type)
         return mm_q8_0_r16;
     case BLADE_KTYPE_Q4_K_R16:
         return mm_q4_k_r16;
+    case BLADE_KTYPE_Q6_K_R16:
+        return mm_q6_k_r16;
     default:
         return NULL;
     }

@@ -231,6 +231,38 @@ static void mm_q4_k_r16(const void *W, size_t w_stride, const void *X, size_t x_
     }
 }
 
+/* Q6_K R16: per sub-block the dot product of the 6-bit quants from -32 times the
+ * activation sum (the side), weighted by the row's scale, all exact; one FMA per
+ * super-block. */
+static void mm_q6_k_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
+                        int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    for (int64_t t = 0; t < n_tok; t++) {
+        act_k_view a = act_k_at((const uint8_t *)X + t * x_stride, n);
+        for (int64_t r = r0; r < r1; r++) {
+            int rr = (int)(r % BLADE_R16_ROWS);
+            const uint8_t *group = (const uint8_t *)W + (r - rr) * w_stride;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < n / QK_K; b++) {
+                const uint8_t *blk = group + b * R16_K6_BYTES;
+                const int8_t *xq = a.q + b * QK_K;
+                int32_t isum = 0;
+                for (int j = 0; j < QK_K / 16; j++) {
+                    int32_t dot = -32 * a.sum16[b * (QK_K / 16) + j];
+                    for (int g = 0; g < 4; g++)
+                        for (int i = 0; i < 4; i++)
+                            dot += r16_k6_quant(blk, j, g, rr, i) * xq[16 * j + 4 * g + i];
+                    isum += (int8_t)blk[R16_K6_SCALES + 16 * j + rr] * dot;
+                }
+                uint16_t hd;
+                memcpy(&hd, blk + R16_K6_D + 2 * rr, 2);
+                acc = fmaf((float)isum, blade_fp16_to_fp32(hd) * a.d[b], acc);
+            }
+            Y[t * ldy + r] = acc;
+        }
+    }
+}
+
 BLADE_DRIVEN_KERNEL(, mm_q4_0_r16, mm_r16, BLADE_KTYPE_Q4_0_R16)
 BLADE_DRIVEN_KERNEL(, mm_q8_0_r16, mm_r16, BLADE_KTYPE_Q8_0_R16)
 
@@ -283,6 +315,8 @@ blade_matmul_fn blade_matmul_scalar_kernel(uint32_t type)
         return mm_q8_0_r16;
     case BLADE_KTYPE_Q4_K_R16:
         return mm_q4_k_r16;
+    case BLADE_KTYPE_Q6_K_R16:
+        return mm_q6_k_r16;
     default:
         return NULL;
     }

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Load-time repacking of Q4_0/Q8_0/Q4_K matrices into the R16 layouts (kernels.h,
+/* Load-time repacking of Q4_0/Q8_0/Q4_K/Q6_K matrices into the R16 layouts (kernels.h,
  * kernels_internal.h), and the way back for code that reads single rows. */
 
 uint32_t blade_matmul_repacked_type(uint32_t type, int64_t n_in, int64_t n_out)
@@ -17,6 +17,8 @@ uint32_t blade_matmul_repacked_type(uint32_t type, int64_t n_in, int64_t n_out)
         return BLADE_KTYPE_Q8_0_R16;
     case BLADE_TYPE_Q4_K:
         return n_in % QK_K == 0 ? BLADE_KTYPE_Q4_K_R16 : 0;
+    case BLADE_TYPE_Q6_K:
+        return n_in % QK_K == 0 ? BLADE_KTYPE_Q6_K_R16 : 0;
     default:
         return 0;
     }
@@ -31,6 +33,8 @@ uint32_t blade_matmul_base_type(uint32_t type)
         return BLADE_TYPE_Q8_0;
     case BLADE_KTYPE_Q4_K_R16:
         return BLADE_TYPE_Q4_K;
+    case BLADE_KTYPE_Q6_K_R16:
+        return BLADE_TYPE_Q6_K;
     default:
         return type;
     }
@@ -90,6 +94,41 @@ static void group_to_r16_k(const uint8_t *rows, size_t row_bytes, int64_t nsb, u
     }
 }
 
+/* Where the file's Q6_K block keeps element e (sub-block e / 16): its low four bits in
+ * ql[*lo] at bit *lo_shift, its top two in qh[*hi] at bit *hi_shift. */
+static void q6_k_place(int e, int *lo, int *lo_shift, int *hi, int *hi_shift)
+{
+    int half = e / 128, run = e % 128 / 32, l = e % 32;
+    *lo = 64 * half + 32 * (run & 1) + l;
+    *lo_shift = 4 * (run >> 1);
+    *hi = 32 * half + l;
+    *hi_shift = 2 * run;
+}
+
+static void group_to_r16_k6(const uint8_t *rows, size_t row_bytes, int64_t nsb, uint8_t *out)
+{
+    for (int64_t b = 0; b < nsb; b++) {
+        uint8_t *o = out + b * R16_K6_BYTES;
+        memset(o + R16_K6_QS, 0, R16_K6_BYTES - R16_K6_QS);
+        for (int r = 0; r < BLADE_R16_ROWS; r++) {
+            block_q6_k blk;
+            memcpy(&blk, rows + r * row_bytes + b * (int64_t)sizeof blk, sizeof blk);
+            memcpy(o + R16_K6_D + 2 * r, &blk.d, 2);
+            for (int j = 0; j < QK_K / 16; j++) {
+                o[R16_K6_SCALES + 16 * j + r] = (uint8_t)blk.scales[j];
+                for (int g = 0; g < 4; g++)
+                    for (int i = 0; i < 4; i++) {
+                        int lo, ls, hi, hs, sl, sh;
+                        q6_k_place(16 * j + 4 * g + i, &lo, &ls, &hi, &hs);
+                        size_t at_lo = r16_k6_byte(false, j, g, r, i, &sl), at_hi = r16_k6_byte(true, j, g, r, i, &sh);
+                        o[at_lo] |= (uint8_t)((blk.ql[lo] >> ls & 0xF) << sl);
+                        o[at_hi] |= (uint8_t)((blk.qh[hi] >> hs & 3) << sh);
+                    }
+            }
+        }
+    }
+}
+
 void blade_matmul_repack(uint32_t type, void *data, int64_t n_in, int64_t n_out)
 {
     uint32_t ktype = blade_matmul_repacked_type(type, n_in, n_out);
@@ -104,6 +143,8 @@ void blade_matmul_repack(uint32_t type, void *data, int64_t n_in, int64_t n_out)
         memcpy(tmp, p, group_bytes);
         if (ktype == BLADE_KTYPE_Q4_K_R16)
             group_to_r16_k(tmp, row_bytes, n_in / QK_K, p);
+        else if (ktype == BLADE_KTYPE_Q6_K_R16)
+            group_to_r16_k6(tmp, row_bytes, n_in / QK_K, p);
         else
             group_to_r16(ktype, tmp, row_bytes, n_in / QK8_0, p);
     }
@@ -137,6 +178,26 @@ void blade_matmul_row_to_float(uint32_t type, const void *W, int64_t n, int64_t 
             blade_k_scales_pack(sc, m, blk.scales);
             for (int c = 0; c < 32; c++)
                 memcpy(blk.qs + 4 * c, in + R16_K_QS + 64 * c + 4 * rr, 4);
+            tr->to_float(&blk, out + b * QK_K, QK_K);
+        }
+        return;
+    }
+    if (type == BLADE_KTYPE_Q6_K_R16) {
+        for (int64_t b = 0; b < n / QK_K; b++) {
+            const uint8_t *in = group + b * (int64_t)in_bytes;
+            block_q6_k blk;
+            memset(&blk, 0, sizeof blk);
+            memcpy(&blk.d, in + R16_K6_D + 2 * rr, 2);
+            for (int j = 0; j < QK_K / 16; j++) {
+                blk.scales[j] = (int8_t)in[R16_K6_SCALES + 16 * j + rr];
+                for (int g = 0; g < 4; g++)
+                    for (int i = 0; i < 4; i++) {
+                        int lo, ls, hi, hs, q = r16_k6_quant(in, j, g, (int)rr, i);
+                        q6_k_place(16 * j + 4 * g + i, &lo, &ls, &hi, &hs);
+                        blk.ql[lo] |= (uint8_t)((q & 0xF) << ls);
+                        blk.qh[hi] |= (uint8_t)((q >> 4) << hs);
+                    }
+            }
             tr->to_float(&blk, out + b * QK_K, QK_K);
         }
         return;

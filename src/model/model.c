@@ -216,7 +216,7 @@ static int bind_weights(blade_model *m, blade_error *err)
     return 0;
 }
 
-/* Q4_0/Q8_0/Q4_K projections are rearranged in place into the kernels' 16-row layout
+/* Q4_0/Q8_0/Q4_K/Q6_K projections are rearranged in place into the kernels' 16-row layout
  * (kernels.h, R16), which multiplies about twice as fast as the file's. The token
  * embedding is read a row at a time and keeps the file layout, and so does an output
  * matrix tied to it. Only gguf_open's in-memory copy is rearranged: a file too large to
