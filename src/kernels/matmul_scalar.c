@@ -192,77 +192,74 @@ static void mm_r16(uint32_t ktype, const void *W, size_t w_stride, const void *X
     }
 }
 
-/* Q4_K R16: per super-block the exact scale-weighted quant sum and min-weighted activation
- * sum of one row, then one FMA for each (the vector kernels' order, 16 rows at a time). */
-static void mm_q4_k_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
-                        int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+/* Q4_K R16, one super-block of row rr: the exact scale-weighted quant sum and
+ * min-weighted activation sum, then one FMA for each (the vector kernels' order, 16 rows
+ * at a time). */
+static float q4_k_r16_block(const uint8_t *blk, int rr, act_k_view a, int64_t b, float acc)
 {
     uint8_t sc[128], m[128];
-    for (int64_t t = 0; t < n_tok; t++) {
-        act_k_view a = act_k_at((const uint8_t *)X + t * x_stride, n);
-        for (int64_t r = r0; r < r1; r++) {
-            int rr = (int)(r % BLADE_R16_ROWS);
-            const uint8_t *group = (const uint8_t *)W + (r - rr) * w_stride;
-            float acc = 0.0f;
-            for (int64_t b = 0; b < n / QK_K; b++) {
-                const uint8_t *blk = group + b * R16_K_BYTES;
-                const int8_t *xq = a.q + b * QK_K;
-                const int16_t *xs = a.sum16 + b * (QK_K / 16);
-                r16_k_unpack(blk, sc, m);
-                int32_t isum = 0, msum = 0;
-                for (int j = 0; j < K_NSUB; j++) {
-                    int32_t dot = 0;
-                    for (int g = 0; g < 8; g++)
-                        for (int i = 0; i < 4; i++) {
-                            uint8_t v = blk[R16_K_QS + 64 * (8 * (j / 2) + g) + 4 * rr + i];
-                            dot += (j % 2 ? v >> 4 : v & 0xF) * xq[K_SUB * j + 4 * g + i];
-                        }
-                    isum += sc[r16_k_scale_slot(j, rr)] * dot;
-                    msum += m[r16_k_min_slot(j, rr)] * (xs[2 * j] + xs[2 * j + 1]);
-                }
-                uint16_t hd, hm;
-                memcpy(&hd, blk + R16_K_D + 2 * rr, 2);
-                memcpy(&hm, blk + R16_K_DMIN + 2 * rr, 2);
-                acc = fmaf((float)isum, blade_fp16_to_fp32(hd) * a.d[b], acc);
-                acc = fmaf(-(float)msum, blade_fp16_to_fp32(hm) * a.d[b], acc);
+    const int8_t *xq = a.q + b * QK_K;
+    const int16_t *xs = a.sum16 + b * (QK_K / 16);
+    r16_k_unpack(blk, sc, m);
+    int32_t isum = 0, msum = 0;
+    for (int j = 0; j < K_NSUB; j++) {
+        int32_t dot = 0;
+        for (int g = 0; g < 8; g++)
+            for (int i = 0; i < 4; i++) {
+                uint8_t v = blk[R16_K_QS + 64 * (8 * (j / 2) + g) + 4 * rr + i];
+                dot += (j % 2 ? v >> 4 : v & 0xF) * xq[K_SUB * j + 4 * g + i];
             }
-            Y[t * ldy + r] = acc;
-        }
+        isum += sc[r16_k_scale_slot(j, rr)] * dot;
+        msum += m[r16_k_min_slot(j, rr)] * (xs[2 * j] + xs[2 * j + 1]);
     }
+    uint16_t hd, hm;
+    memcpy(&hd, blk + R16_K_D + 2 * rr, 2);
+    memcpy(&hm, blk + R16_K_DMIN + 2 * rr, 2);
+    acc = fmaf((float)isum, blade_fp16_to_fp32(hd) * a.d[b], acc);
+    return fmaf(-(float)msum, blade_fp16_to_fp32(hm) * a.d[b], acc);
 }
 
-/* Q6_K R16: per sub-block the dot product of the 6-bit quants from -32 times the
- * activation sum (the side), weighted by the row's scale, all exact; one FMA per
- * super-block. */
-static void mm_q6_k_r16(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
-                        int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+/* Q6_K R16, one super-block of row rr: per sub-block the dot product of the 6-bit quants
+ * from -32 times the activation sum (the side), weighted by the row's scale, all exact;
+ * then one FMA. */
+static float q6_k_r16_block(const uint8_t *blk, int rr, act_k_view a, int64_t b, float acc)
 {
+    const int8_t *xq = a.q + b * QK_K;
+    int32_t isum = 0;
+    for (int j = 0; j < QK_K / 16; j++) {
+        int32_t dot = -32 * a.sum16[b * (QK_K / 16) + j];
+        for (int g = 0; g < 4; g++)
+            for (int i = 0; i < 4; i++)
+                dot += r16_k6_quant(blk, j, g, rr, i) * xq[16 * j + 4 * g + i];
+        isum += (int8_t)blk[R16_K6_SCALES + 16 * j + rr] * dot;
+    }
+    uint16_t hd;
+    memcpy(&hd, blk + R16_K6_D + 2 * rr, 2);
+    return fmaf((float)isum, blade_fp16_to_fp32(hd) * a.d[b], acc);
+}
+
+/* The K-quant R16 types, row by row and super-block by super-block. */
+static void mm_k_r16(uint32_t ktype, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
+                     float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+{
+    float (*block)(const uint8_t *, int, act_k_view, int64_t, float) =
+        ktype == BLADE_KTYPE_Q4_K_R16 ? q4_k_r16_block : q6_k_r16_block;
+    size_t block_bytes = r16_block_bytes(ktype);
     for (int64_t t = 0; t < n_tok; t++) {
         act_k_view a = act_k_at((const uint8_t *)X + t * x_stride, n);
         for (int64_t r = r0; r < r1; r++) {
             int rr = (int)(r % BLADE_R16_ROWS);
             const uint8_t *group = (const uint8_t *)W + (r - rr) * w_stride;
             float acc = 0.0f;
-            for (int64_t b = 0; b < n / QK_K; b++) {
-                const uint8_t *blk = group + b * R16_K6_BYTES;
-                const int8_t *xq = a.q + b * QK_K;
-                int32_t isum = 0;
-                for (int j = 0; j < QK_K / 16; j++) {
-                    int32_t dot = -32 * a.sum16[b * (QK_K / 16) + j];
-                    for (int g = 0; g < 4; g++)
-                        for (int i = 0; i < 4; i++)
-                            dot += r16_k6_quant(blk, j, g, rr, i) * xq[16 * j + 4 * g + i];
-                    isum += (int8_t)blk[R16_K6_SCALES + 16 * j + rr] * dot;
-                }
-                uint16_t hd;
-                memcpy(&hd, blk + R16_K6_D + 2 * rr, 2);
-                acc = fmaf((float)isum, blade_fp16_to_fp32(hd) * a.d[b], acc);
-            }
+            for (int64_t b = 0; b < n / QK_K; b++)
+                acc = block(group + b * (int64_t)block_bytes, rr, a, b, acc);
             Y[t * ldy + r] = acc;
         }
     }
 }
 
+BLADE_DRIVEN_KERNEL(, mm_q4_k_r16, mm_k_r16, BLADE_KTYPE_Q4_K_R16)
+BLADE_DRIVEN_KERNEL(, mm_q6_k_r16, mm_k_r16, BLADE_KTYPE_Q6_K_R16)
 BLADE_DRIVEN_KERNEL(, mm_q4_0_r16, mm_r16, BLADE_KTYPE_Q4_0_R16)
 BLADE_DRIVEN_KERNEL(, mm_q8_0_r16, mm_r16, BLADE_KTYPE_Q8_0_R16)
 
