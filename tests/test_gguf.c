@@ -994,6 +994,51 @@ static void test_writer_alignment(void **state)
     free(path);
 }
 
+/* A file whose data section lies 32 bytes past a cache line (the format's default
+ * alignment allows it): gguf_open's copy starts the data section on one, with the same
+ * bytes, and can still be made writable and closed. */
+static void test_open_copy_aligns_data(void **state)
+{
+    (void)state;
+    gguf_writer *w = full_writer();
+    char *path = temp_path("gguf_shift.gguf");
+    blade_error err = {{0}};
+    char pad[65] = "";
+    size_t data_offset = 0;
+    for (int len = 0; len < 64; len++) {
+        pad[len] = 'x';
+        gguf_writer_set_string(w, "test.pad", pad);
+        if (gguf_writer_write(w, path, false, &err) != 0)
+            fail_msg("%s", err.msg);
+        size_t size;
+        uint8_t *bytes = (uint8_t *)read_file(path, &size);
+        gguf_file *mem = gguf_open_memory(bytes, size, &err);
+        assert_non_null(mem);
+        data_offset = mem->data_offset;
+        gguf_close(mem);
+        free(bytes);
+        if (data_offset % GGUF_COPY_ALIGN == 32)
+            break;
+    }
+    assert_int_equal(data_offset % GGUF_COPY_ALIGN, 32);
+    gguf_file *f = gguf_open(path, &err);
+    if (!f)
+        fail_msg("%s", err.msg);
+    assert_int_equal(f->data_offset, data_offset);
+    if (f->copied) {
+        assert_int_equal((uintptr_t)(f->map + f->data_offset) % GGUF_COPY_ALIGN, 0);
+        assert_non_null(gguf_set_writable(f, true));
+        assert_null(gguf_set_writable(f, false));
+    }
+    for (uint64_t i = 0; i < f->n_tensors; i++)
+        assert_memory_equal(f->tensors[i].data, specs[i].data, specs[i].nbytes);
+    assert_non_null(gguf_find_kv(f, "test.pad"));
+    gguf_close(f);
+    gguf_writer_free(w);
+    unlink(path);
+    free(path);
+}
+
 static void test_writer_rejects_bad_tensors(void **state)
 {
     (void)state;
@@ -1332,6 +1377,7 @@ int main(void)
         cmocka_unit_test(test_getter_errors),
         cmocka_unit_test(test_scalars_getters_and_copy_kv),
         cmocka_unit_test(test_writer_alignment),
+        cmocka_unit_test(test_open_copy_aligns_data),
         cmocka_unit_test(test_writer_rejects_bad_tensors),
         cmocka_unit_test(test_writer_sticky_errors),
         cmocka_unit_test(test_writer_reports_disk_full),

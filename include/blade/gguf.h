@@ -14,6 +14,8 @@
 
 #define GGUF_MAGIC "GGUF"
 #define GGUF_DEFAULT_ALIGNMENT 32
+/* Where gguf_open's in-memory copy starts the tensor data section: a cache line. */
+#define GGUF_COPY_ALIGN 64
 #define GGUF_MAX_DIMS 4
 
 typedef enum gguf_value_type {
@@ -69,8 +71,8 @@ typedef struct gguf_tensor {
     uint64_t offset;           /* relative to the data section */
     uint64_t n_elements;
     size_t nbytes;
-    /* Inside the map, at a multiple of the file's alignment from the start of the map
-     * (the map itself is page-aligned for gguf_open, caller-aligned for gguf_open_memory). */
+    /* Inside the map, at a multiple of the file's alignment from the start of the data
+     * section (which gguf_open's copy starts on a GGUF_COPY_ALIGN boundary). */
     const void *data;
 } gguf_tensor;
 
@@ -79,6 +81,7 @@ typedef struct gguf_file {
     const uint8_t *map;
     size_t size;
     size_t map_bytes; /* of the mapping, size rounded up when the file was copied to huge pages */
+    size_t map_shift; /* the copy's file image starts this far into its mapping */
     bool owns_map;    /* false for gguf_open_memory */
     bool copied;      /* the map is gguf_open's copy in anonymous memory, not the file's pages */
     uint32_t version;

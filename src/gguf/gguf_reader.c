@@ -640,6 +640,27 @@ gguf_file *gguf_open_memory(const void *buf, size_t size, blade_error *err)
     return f;
 }
 
+/* What parse allocated, leaving the map. */
+static void release_parsed(gguf_file *f)
+{
+    if (f->kv) {
+        for (uint64_t i = 0; i < f->n_kv; i++) {
+            free(f->kv[i].key);
+            free(f->kv[i].arr_strings);
+        }
+        free(f->kv);
+    }
+    if (f->tensors) {
+        for (uint64_t i = 0; i < f->n_tensors; i++)
+            free(f->tensors[i].name);
+        free(f->tensors);
+    }
+    f->kv = NULL;
+    f->n_kv = 0;
+    f->tensors = NULL;
+    f->n_tensors = 0;
+}
+
 /* Weights are streamed once per decode step. Read through the file's page-cache mapping
  * they arrive in 4 KiB pages, and the GEMV measured at about 60% of the bandwidth it
  * reaches on anonymous memory the kernel backs with 2 MiB pages (one TLB entry per 2 MiB
@@ -647,13 +668,13 @@ gguf_file *gguf_open_memory(const void *buf, size_t size, blade_error *err)
  * NULL (and the file mapping is used as it is) when the memory cannot be had, or when the
  * copy would take more than half of the memory available now: a model that barely fits
  * is better paged from its file than pushed out by the OOM killer. */
-static void *copy_to_huge_pages(const void *map, size_t size, size_t *mapped_bytes)
+static uint8_t *copy_to_huge_pages(const void *map, size_t size, size_t shift, size_t *mapped_bytes)
 {
     const size_t huge = (size_t)2 << 20;
     long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages <= 0 || page <= 0 || size / (size_t)page > (size_t)pages / 2 || size > SIZE_MAX - 2 * huge)
+    if (pages <= 0 || page <= 0 || size / (size_t)page > (size_t)pages / 2 || size > SIZE_MAX - 3 * huge)
         return NULL;
-    size_t bytes = (size + huge - 1) / huge * huge;
+    size_t bytes = (size + shift + huge - 1) / huge * huge;
     uint8_t *raw = mmap(NULL, bytes + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED)
         return NULL;
@@ -663,7 +684,7 @@ static void *copy_to_huge_pages(const void *map, size_t size, size_t *mapped_byt
     if (raw + bytes + huge > aligned + bytes)
         munmap(aligned + bytes, (size_t)(raw + bytes + huge - (aligned + bytes)));
     madvise(aligned, bytes, MADV_HUGEPAGE);
-    memcpy(aligned, map, size);
+    memcpy(aligned + shift, map, size);
     mprotect(aligned, bytes, PROT_READ);
     *mapped_bytes = bytes;
     return aligned;
@@ -717,21 +738,33 @@ gguf_file *gguf_open(const char *path, blade_error *err)
         blade_error_set(err, "%s: out of memory", path);
         return NULL;
     }
-    size_t copy_bytes = 0;
-    void *copy = copy_to_huge_pages(map, size, &copy_bytes);
-    if (copy) {
-        munmap(map, size);
-        map = copy;
-    }
     f->map = map;
     f->size = size;
-    f->map_bytes = copy ? copy_bytes : size;
+    f->map_bytes = size;
     f->owns_map = true;
-    f->copied = copy != NULL;
     if (parse(f, err) != 0) {
         blade_error_prefix(err, "%s", path);
         gguf_close(f);
         return NULL;
+    }
+    /* The kernels load weights 64 bytes at a time, and the format's default alignment is
+     * 32: copied as it lies, a data section at 32 past a cache line splits every such load
+     * across two lines (the BF16 one-token product measured about 25% slower so). The copy
+     * starts the data section on a cache line, and the file is parsed again in place. */
+    size_t shift = (GGUF_COPY_ALIGN - f->data_offset % GGUF_COPY_ALIGN) % GGUF_COPY_ALIGN, copy_bytes = 0;
+    uint8_t *copy = copy_to_huge_pages(map, size, shift, &copy_bytes);
+    if (copy) {
+        release_parsed(f);
+        munmap(map, size);
+        f->map = copy + shift;
+        f->map_shift = shift;
+        f->map_bytes = copy_bytes;
+        f->copied = true;
+        if (parse(f, err) != 0) {
+            blade_error_prefix(err, "%s", path);
+            gguf_close(f);
+            return NULL;
+        }
     }
     return f;
 }
@@ -740,7 +773,8 @@ uint8_t *gguf_set_writable(gguf_file *f, bool writable)
 {
     if (!f->copied)
         return NULL;
-    if (mprotect((void *)f->map, f->map_bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ) != 0 || !writable)
+    if (mprotect((void *)(f->map - f->map_shift), f->map_bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ) != 0 ||
+        !writable)
         return NULL;
     return (uint8_t *)f->map;
 }
@@ -749,20 +783,9 @@ void gguf_close(gguf_file *f)
 {
     if (!f)
         return;
-    if (f->kv) {
-        for (uint64_t i = 0; i < f->n_kv; i++) {
-            free(f->kv[i].key);
-            free(f->kv[i].arr_strings);
-        }
-        free(f->kv);
-    }
-    if (f->tensors) {
-        for (uint64_t i = 0; i < f->n_tensors; i++)
-            free(f->tensors[i].name);
-        free(f->tensors);
-    }
+    release_parsed(f);
     if (f->owns_map && f->map)
-        munmap((void *)f->map, f->map_bytes);
+        munmap((void *)(f->map - f->map_shift), f->map_bytes);
     free(f->path);
     free(f);
 }
