@@ -163,6 +163,12 @@ typedef struct r16_x {
     const int32_t *side;
 } r16_x;
 
+/* Elements per block of an R16 type: a 32-block, or a K-quant super-block. */
+static inline int64_t r16_block_elems(uint32_t ktype)
+{
+    return ktype == BLADE_KTYPE_Q4_K_R16 || ktype == BLADE_KTYPE_Q6_K_R16 ? QK_K : QK8_0;
+}
+
 /* Integers of side per token for rows of n elements. */
 static inline int64_t r16_side_per_token(uint32_t ktype, int64_t n)
 {

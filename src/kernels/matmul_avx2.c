@@ -336,7 +336,7 @@ TGT INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, const
                            float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
 {
     bool k4 = ktype == BLADE_KTYPE_Q4_K_R16, k6 = ktype == BLADE_KTYPE_Q6_K_R16;
-    int64_t nb = n / (k4 || k6 ? QK_K : QK8_0), per_token = r16_side_per_token(ktype, n);
+    int64_t nb = n / r16_block_elems(ktype), per_token = r16_side_per_token(ktype, n);
     int32_t *side = pack_alloc(sizeof(int32_t) * (size_t)(TOKEN_CHUNK * per_token));
     r16_x xa[TOKEN_CHUNK];
     for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {

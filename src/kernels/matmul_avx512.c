@@ -364,6 +364,13 @@ TGT_Q INLINE void r16_tile(bool q4, int T, const uint8_t *group, int64_t nb, con
  * at about 38 GB/s on two cores against 45 with the hint. */
 #define K16_PREFETCH_AHEAD 2
 
+/* The one-token paths' hint: every cache line of the block `ahead` blocks on. */
+TGT_F INLINE void prefetch_block(const uint8_t *blk, int bytes, int ahead)
+{
+    for (int o = 0; o < bytes; o += 64)
+        _mm_prefetch((const char *)(blk + ahead * bytes + o), _MM_HINT_T0);
+}
+
 /* Scale slots as int32 per sub-block, min slots as int16 pairs per pair of sub-blocks. */
 TGT_F INLINE void k16_scales(const uint8_t *blk, __m512i sc[8], __m512i mp[4])
 {
@@ -406,8 +413,7 @@ TGT_Q INLINE void k16_tile(int T, const uint8_t *group, int64_t nsb, const r16_x
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = group + b * R16_K_BYTES;
         if (T == 1)
-            for (int o = 0; o < R16_K_BYTES; o += 64)
-                _mm_prefetch((const char *)(blk + K16_PREFETCH_AHEAD * R16_K_BYTES + o), _MM_HINT_T0);
+            prefetch_block(blk, R16_K_BYTES, K16_PREFETCH_AHEAD);
         __m512i sc[8], mp[4], isum[K16_TILE_T];
         k16_scales(blk, sc, mp);
         for (int t = 0; t < T; t++)
@@ -499,8 +505,7 @@ TGT_Q INLINE void k6_tile(int T, const uint8_t *group, int64_t nsb, const r16_x 
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = group + b * R16_K6_BYTES;
         if (T == 1)
-            for (int o = 0; o < R16_K6_BYTES; o += 64)
-                _mm_prefetch((const char *)(blk + K6_PREFETCH_AHEAD * R16_K6_BYTES + o), _MM_HINT_T0);
+            prefetch_block(blk, R16_K6_BYTES, K6_PREFETCH_AHEAD);
         __m512i isum[K6_TILE_T];
         for (int t = 0; t < T; t++)
             isum[t] = _mm512_setzero_si512();
@@ -534,7 +539,7 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, con
                              float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
 {
     bool k4 = ktype == BLADE_KTYPE_Q4_K_R16, k6 = ktype == BLADE_KTYPE_Q6_K_R16;
-    int64_t nb = n / (k4 || k6 ? QK_K : QK8_0), per_token = r16_side_per_token(ktype, n);
+    int64_t nb = n / r16_block_elems(ktype), per_token = r16_side_per_token(ktype, n);
     int64_t tile = k4 ? K16_TILE_T : k6 ? K6_TILE_T : R16_TILE_T;
     int64_t chunk = n_tok < R16_TOKEN_CHUNK ? n_tok : R16_TOKEN_CHUNK;
     /* small calls (one token, short rows) are common in decode: no allocation for them */

@@ -256,6 +256,13 @@ static void run_norm_convert(step *s, float *in, float *add_to_in, int64_t width
     blade_threadpool_run(s->r->pool, task_norm_convert, s);
 }
 
+/* Runs a task that takes its row units from the runner's work share. */
+static void run_on_row_units(step *s, void (*task)(void *ctx, int ith, int nth), int64_t units)
+{
+    blade_work_share_reset(s->r->rows_share, units);
+    blade_threadpool_run(s->r->pool, task, s);
+}
+
 /* Y = X W^T for up to three weights sharing one input: their row units, one after the
  * other, are the run's work share. */
 static void task_matmul(void *ctx, int ith, int nth)
@@ -293,8 +300,7 @@ static void run_matmul(step *s, int n, const blade_weight *w0, float *y0, const 
     int64_t units = 0;
     for (int i = 0; i < n; i++)
         units += row_units(s->w[i]);
-    blade_work_share_reset(s->r->rows_share, units);
-    blade_threadpool_run(s->r->pool, task_matmul, s);
+    run_on_row_units(s, task_matmul, units);
 }
 
 /* cos and sin of every rotated pair's angle at one position, shared by the heads of one
@@ -550,8 +556,7 @@ int blade_runner_forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n
 
         if (L->ffn_up.type == L->ffn_gate.type) {
             run_norm_convert(&s, r->x, r->delta, hp->n_embd, &L->ffn_norm, &L->ffn_gate, s.n_tokens, NULL);
-            blade_work_share_reset(r->rows_share, row_units(&L->ffn_gate));
-            blade_threadpool_run(r->pool, task_gate_up, &s);
+            run_on_row_units(&s, task_gate_up, row_units(&L->ffn_gate));
         } else {
             const blade_weight *gu[2] = {&L->ffn_gate, &L->ffn_up};
             float *gu_out[2] = {r->ffn, r->up};

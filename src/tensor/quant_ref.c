@@ -294,7 +294,6 @@ void blade_q4_0_from_float(const float *src, void *dst, int64_t n)
 
 /* ---- Q4_K / Q5_K shared parts ---- */
 
-
 void blade_k_scales_pack(const uint8_t sc[K_NSUB], const uint8_t m[K_NSUB], uint8_t out[K_SCALE_BYTES])
 {
     for (int j = 0; j < 4; j++) {
