@@ -5,6 +5,7 @@
 
 #include "blade/convert.h"
 #include "blade/forward.h"
+#include "blade/kernels.h"
 #include "blade/model.h"
 #include "blade/sampler.h"
 #include "blade/synth.h"
@@ -418,6 +419,46 @@ static void test_qwen3_and_tied(void **state)
     free(path2);
 }
 
+/* Loaded from a file, gate and up become one matrix whose row groups alternate (model.h),
+ * repacked for the kernels; read from caller memory they stay apart in the file layout.
+ * Every row of the fused matrix reads back as the same row of the file. */
+static void test_gate_up_fused_rows(void **state)
+{
+    (void)state;
+    blade_synth_spec spec = small_spec(BLADE_ARCH_LLAMA);
+    spec.weight_type = BLADE_TYPE_Q4_0;
+    char *path = temp_path("synth-fused.gguf");
+    blade_error err = {{0}};
+    assert_int_equal(blade_synth_write(&spec, path, false, &err), 0);
+    blade_model *fused = blade_model_load(path, &err);
+    assert_non_null(fused);
+    size_t size;
+    char *bytes = read_file(path, &size);
+    blade_model *apart = blade_model_from_gguf(gguf_open_memory(bytes, size, &err), &err);
+    assert_non_null(apart);
+    int64_t n = spec.n_embd;
+    float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
+    for (int l = 0; l < spec.n_layer; l++) {
+        const blade_weight *gu = &fused->layers[l].ffn_gate_up;
+        assert_non_null(gu->data);
+        assert_int_equal(gu->n_out, 2 * spec.n_ff);
+        assert_int_not_equal(gu->type, BLADE_TYPE_Q4_0); /* repacked too */
+        for (int64_t r = 0; r < gu->n_out; r++) {
+            int64_t group = r / BLADE_GATE_UP_GROUP, row = group / 2 * BLADE_GATE_UP_GROUP + r % BLADE_GATE_UP_GROUP;
+            const blade_weight *src = group % 2 ? &apart->layers[l].ffn_up : &apart->layers[l].ffn_gate;
+            blade_matmul_row_to_float(gu->type, gu->data, n, r, a);
+            blade_matmul_row_to_float(src->type, src->data, n, row, b);
+            assert_memory_equal(a, b, (size_t)n * sizeof(float));
+        }
+    }
+    free(a);
+    free(b);
+    blade_model_free(fused);
+    blade_model_free(apart);
+    free(bytes);
+    free(path);
+}
+
 static void test_unknown_architecture_refused(void **state)
 {
     (void)state;
@@ -511,6 +552,7 @@ int main(void)
         cmocka_unit_test(test_tiny256_types_logits),
         cmocka_unit_test(test_neox_rope_matches_permuted_llama),
         cmocka_unit_test(test_qwen3_and_tied),
+        cmocka_unit_test(test_gate_up_fused_rows),
         cmocka_unit_test(test_unknown_architecture_refused),
         cmocka_unit_test(test_missing_tensor_and_bad_shape),
         cmocka_unit_test(test_truncated_models_refused),

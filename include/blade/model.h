@@ -46,13 +46,19 @@ typedef struct blade_weight {
     int64_t n_out;
 } blade_weight;
 
+/* Rows per group in a fused gate/up matrix: its groups alternate between the gate and the
+ * up projection (gate rows 0-15, up rows 0-15, gate rows 16-31, ...). */
+#define BLADE_GATE_UP_GROUP 16
+
 typedef struct blade_layer {
     blade_weight attn_norm;
     blade_weight wq, wk, wv, wo;
     blade_weight bq, bk, bv;         /* qwen2 only; data NULL otherwise */
     blade_weight q_norm, k_norm;     /* qwen3 only */
     blade_weight ffn_norm;
-    blade_weight ffn_gate, ffn_up, ffn_down;
+    /* When the loader fused gate and up (model.c), ffn_gate_up holds both as 2 x n_ff rows
+     * and the two separate weights keep their type and shape but no data. */
+    blade_weight ffn_gate, ffn_up, ffn_gate_up, ffn_down;
 } blade_layer;
 
 typedef struct blade_model {

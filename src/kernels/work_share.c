@@ -5,16 +5,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* An owner takes its share in this many pieces: few enough that a piece costs nothing to
- * claim, small enough that the last piece, which nobody can take over, is a short wait. */
-#define PIECES_PER_SHARE 8
+/* An owner takes this fraction of what is left of its share at a time: large pieces
+ * while much is left (a claim costs next to nothing), then smaller ones down to a single
+ * unit, so the last piece, which nobody can take over, is a short wait. Fixed eighths of
+ * the share left the two threads of a decode step waiting on each other about half
+ * again as long. */
+#define OWNER_TAKES_ONE_IN 8
 
 /* The unclaimed units of one share: front in the low half, back (exclusive) in the high
  * half, so owner and thief agree through one compare-and-swap. A cache line each: the
  * owner claims without disturbing the others. */
 typedef struct share {
     _Alignas(64) _Atomic uint64_t range;
-    int64_t piece;
 } share;
 
 struct blade_work_share {
@@ -60,7 +62,6 @@ void blade_work_share_reset(blade_work_share *w, int64_t n_units)
     }
     for (int i = 0; i < w->n; i++) {
         int64_t b = n_units * i / w->n, e = n_units * (i + 1) / w->n;
-        w->shares[i].piece = (e - b + PIECES_PER_SHARE - 1) / PIECES_PER_SHARE;
         atomic_store_explicit(&w->shares[i].range, pack(b, e), memory_order_relaxed);
     }
 }
@@ -74,7 +75,7 @@ static bool take(share *s, bool owner, int64_t *begin, int64_t *end)
         int64_t front = (int64_t)(seen & UINT32_MAX), back = (int64_t)(seen >> 32), left = back - front;
         if (left <= 0)
             return false;
-        int64_t n = owner ? (s->piece < left ? s->piece : left) : (left + 1) / 2;
+        int64_t n = owner ? (left + OWNER_TAKES_ONE_IN - 1) / OWNER_TAKES_ONE_IN : (left + 1) / 2;
         uint64_t next = owner ? pack(front + n, back) : pack(front, back - n);
         if (atomic_compare_exchange_weak_explicit(&s->range, &seen, next, memory_order_relaxed,
                                                   memory_order_relaxed)) {

@@ -100,15 +100,35 @@ static const float *weight_row(const blade_weight *w, int64_t r, float *buf)
     return buf;
 }
 
+static float row_dot(const blade_weight *w, int64_t r, const float *x, float *row)
+{
+    const float *wr = weight_row(w, r, row);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < w->n_in; i++)
+        sum += wr[i] * x[i];
+    return sum;
+}
+
 /* out[r] = W[r,:] . x for every row */
 static void matvec(float *out, const blade_weight *w, const float *x, float *row)
 {
-    for (int64_t r = 0; r < w->n_out; r++) {
-        const float *wr = weight_row(w, r, row);
-        float sum = 0.0f;
-        for (int64_t i = 0; i < w->n_in; i++)
-            sum += wr[i] * x[i];
-        out[r] = sum;
+    for (int64_t r = 0; r < w->n_out; r++)
+        out[r] = row_dot(w, r, x, row);
+}
+
+/* The gate projection into gate and the up projection into up, from the matrix the loader
+ * fused them into where it did (model.h). */
+static void gate_up_matvec(float *gate, float *up, const blade_layer *L, const float *x, float *row)
+{
+    const blade_weight *gu = &L->ffn_gate_up;
+    if (!gu->data) {
+        matvec(gate, &L->ffn_gate, x, row);
+        matvec(up, &L->ffn_up, x, row);
+        return;
+    }
+    for (int64_t r = 0; r < gu->n_out; r++) {
+        int64_t group = r / BLADE_GATE_UP_GROUP, i = group / 2 * BLADE_GATE_UP_GROUP + r % BLADE_GATE_UP_GROUP;
+        (group % 2 ? up : gate)[i] = row_dot(gu, r, x, row);
     }
 }
 
@@ -253,8 +273,7 @@ int blade_forward_token(blade_forward *f, int32_t token, int32_t pos, bool want_
             f->x[i] += f->xb2[i];
 
         rmsnorm(f->xb, f->x, &L->ffn_norm, d, hp->rms_eps, f->vec);
-        matvec(f->hb, &L->ffn_gate, f->xb, f->row);
-        matvec(f->hb2, &L->ffn_up, f->xb, f->row);
+        gate_up_matvec(f->hb, f->hb2, L, f->xb, f->row);
         for (int i = 0; i < hp->n_ff; i++)
             f->hb[i] = silu(f->hb[i]) * f->hb2[i];
         matvec(f->xb2, &L->ffn_down, f->hb, f->row);

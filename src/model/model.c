@@ -230,20 +230,59 @@ static void repack(blade_model *m, uint8_t *base, blade_weight *w)
     w->type = packed;
 }
 
-static void repack_weights(blade_model *m)
+/* The gate and up projections read the same input and a decode step streams both. Side by
+ * side, a thread working through pieces of each reads from two places at once, which
+ * measured about 7% slower than one stream. Where the two sit back to back in the copy,
+ * with one type and shape, they are interleaved in place into one matrix whose row groups
+ * alternate (model.h): a piece of it is one stream and holds both inputs of SwiGLU for
+ * its rows. `scratch` keeps the copy of both between layers. */
+static int fuse_gate_up(const blade_model *m, uint8_t *base, blade_layer *L, uint8_t **scratch, size_t *scratch_bytes)
+{
+    blade_weight *g = &L->ffn_gate, *u = &L->ffn_up;
+    const int64_t G = BLADE_GATE_UP_GROUP;
+    size_t row = blade_matmul_row_bytes(g->type, g->n_in), bytes = row * (size_t)g->n_out;
+    if (g->type != u->type || g->n_in != u->n_in || g->n_out != u->n_out || g->n_out % G ||
+        G % blade_matmul_row_align(g->type) || (const uint8_t *)u->data != (const uint8_t *)g->data + bytes)
+        return 0;
+    if (*scratch_bytes < 2 * bytes) {
+        uint8_t *grown = realloc(*scratch, 2 * bytes);
+        if (!grown)
+            return -1;
+        *scratch = grown;
+        *scratch_bytes = 2 * bytes;
+    }
+    uint8_t *dst = base + ((const uint8_t *)g->data - m->file->map);
+    memcpy(*scratch, dst, 2 * bytes);
+    size_t group = row * (size_t)G;
+    for (int64_t k = 0; k < g->n_out / G; k++) {
+        memcpy(dst + 2 * k * group, *scratch + k * group, group);
+        memcpy(dst + (2 * k + 1) * group, *scratch + bytes + k * group, group);
+    }
+    L->ffn_gate_up = (blade_weight){g->data, g->type, g->n_in, 2 * g->n_out};
+    g->data = u->data = NULL;
+    return 0;
+}
+
+static int prepare_weights(blade_model *m, blade_error *err)
 {
     uint8_t *base = gguf_set_writable(m->file, true);
     if (!base)
-        return;
+        return 0;
     if (!m->hp.tied_embeddings)
         repack(m, base, &m->output);
-    for (int l = 0; l < m->hp.n_layer; l++) {
+    uint8_t *scratch = NULL;
+    size_t scratch_bytes = 0;
+    int rc = 0;
+    for (int l = 0; l < m->hp.n_layer && rc == 0; l++) {
         blade_layer *L = &m->layers[l];
         blade_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             repack(m, base, ws[i]);
+        rc = fuse_gate_up(m, base, L, &scratch, &scratch_bytes);
     }
+    free(scratch);
     gguf_set_writable(m->file, false);
+    return rc ? blade_error_set(err, "out of memory while fusing the gate and up projections") : 0;
 }
 
 blade_model *blade_model_from_gguf(gguf_file *f, blade_error *err)
@@ -266,9 +305,8 @@ blade_model *blade_model_from_gguf(gguf_file *f, blade_error *err)
         blade_error_set(err, "out of memory");
         goto fail;
     }
-    if (bind_weights(m, err))
+    if (bind_weights(m, err) || prepare_weights(m, err))
         goto fail;
-    repack_weights(m);
     return m;
 fail:
     blade_model_free(m);

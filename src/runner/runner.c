@@ -34,8 +34,8 @@ struct blade_runner {
     float *k;      /* [T][kv_dim] */
     float *v;      /* [T][kv_dim] */
     float *attn;   /* [T][q_dim] */
-    float *ffn;    /* [T][n_ff] SwiGLU output */
-    float *up;     /* [T][n_ff] */
+    float *ffn;    /* [T][n_ff] SwiGLU output (gate projections before it) */
+    float *up;     /* [T][n_ff] up projections, or [T][2 n_ff] fused gate and up ones */
     float *logits; /* [cap_logits][n_vocab]: the rows that want logits, grown on demand */
     int32_t cap_logits;
     token_ref *refs;
@@ -134,7 +134,7 @@ blade_runner *blade_runner_new(const blade_model *m, blade_kv_store *kv, blade_t
     r->v = alloc_array(T * r->kv_dim, sizeof(float), &ok);
     r->attn = alloc_array(T * r->q_dim, sizeof(float), &ok);
     r->ffn = alloc_array(T * hp->n_ff, sizeof(float), &ok);
-    r->up = alloc_array(T * hp->n_ff, sizeof(float), &ok);
+    r->up = alloc_array(T * 2 * hp->n_ff, sizeof(float), &ok);
     r->refs = alloc_array(T, sizeof *r->refs, &ok);
     r->logit_tokens = alloc_array(T, sizeof *r->logit_tokens, &ok);
     r->rows_share = blade_work_share_new(blade_threadpool_size(pool));
@@ -201,13 +201,23 @@ typedef struct step {
     const int32_t *row_map;         /* act row i is built from in row row_map[i] (NULL: identity) */
 } step;
 
+/* The sum of squares runs in interleaved partial sums combined in a fixed tree: a single
+ * chain of dependent double additions made the norm a long serial stretch of the decode
+ * step, with the other threads waiting. */
+#define NORM_PARTIALS 8
+
 static void rmsnorm_row(float *out, const float *x, const float *w, int64_t n, float eps)
 {
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        ss += (double)x[i] * x[i];
+    double part[NORM_PARTIALS] = {0.0};
+    int64_t i = 0;
+    for (; i + NORM_PARTIALS <= n; i += NORM_PARTIALS)
+        for (int k = 0; k < NORM_PARTIALS; k++)
+            part[k] += (double)x[i + k] * x[i + k];
+    for (; i < n; i++)
+        part[i % NORM_PARTIALS] += (double)x[i] * x[i];
+    double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
     float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
-    for (int64_t i = 0; i < n; i++)
+    for (i = 0; i < n; i++)
         out[i] = x[i] * scale * w[i];
 }
 
@@ -404,23 +414,26 @@ static float silu(float x)
     return x / (1.0f + expf(-x));
 }
 
-/* Gate and up projections of the same rows, then SiLU(gate)·up while both are hot. */
+/* Gate and up from the fused matrix (model.h), a piece of group pairs at a time: one weight
+ * stream, then SiLU(gate)·up of the piece's rows while both are hot. */
 static void task_gate_up(void *ctx, int ith, int nth)
 {
     (void)nth;
     step *s = ctx;
     blade_runner *r = s->r;
-    const blade_layer *L = &r->m->layers[s->layer];
-    int64_t n_ff = r->m->hp.n_ff, ub, ue, b, e;
-    while (blade_work_share_next(r->rows_share, ith, &ub, &ue)) {
-        unit_rows(&L->ffn_gate, ub, ue, &b, &e);
-        blade_matmul(L->ffn_gate.type, L->ffn_gate.data, weight_stride(&L->ffn_gate), r->act, r->act_stride,
-                     L->ffn_gate.n_in, r->ffn, n_ff, s->n_tokens, b, e);
-        blade_matmul(L->ffn_up.type, L->ffn_up.data, weight_stride(&L->ffn_up), r->act, r->act_stride,
-                     L->ffn_up.n_in, r->up, n_ff, s->n_tokens, b, e);
-        for (int64_t t = 0; t < s->n_tokens; t++)
-            for (int64_t i = b; i < e; i++)
-                r->ffn[t * n_ff + i] = silu(r->ffn[t * n_ff + i]) * r->up[t * n_ff + i];
+    const blade_weight *gu = &r->m->layers[s->layer].ffn_gate_up;
+    const int64_t G = BLADE_GATE_UP_GROUP, n_ff = r->m->hp.n_ff;
+    int64_t pb, pe;
+    while (blade_work_share_next(r->rows_share, ith, &pb, &pe)) {
+        blade_matmul(gu->type, gu->data, weight_stride(gu), r->act, r->act_stride, gu->n_in, r->up, gu->n_out,
+                     s->n_tokens, 2 * G * pb, 2 * G * pe);
+        for (int64_t t = 0; t < s->n_tokens; t++) {
+            const float *y = r->up + t * 2 * n_ff;
+            float *out = r->ffn + t * n_ff;
+            for (int64_t p = pb; p < pe; p++)
+                for (int64_t i = 0; i < G; i++)
+                    out[p * G + i] = silu(y[2 * G * p + i]) * y[2 * G * p + G + i];
+        }
     }
 }
 
@@ -554,9 +567,9 @@ int blade_runner_forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n
         run_norm_convert(&s, r->attn, NULL, r->q_dim, NULL, &L->wo, s.n_tokens, NULL);
         run_matmul(&s, 1, &L->wo, r->delta, NULL, NULL, NULL, NULL);
 
-        if (L->ffn_up.type == L->ffn_gate.type) {
-            run_norm_convert(&s, r->x, r->delta, hp->n_embd, &L->ffn_norm, &L->ffn_gate, s.n_tokens, NULL);
-            run_on_row_units(&s, task_gate_up, row_units(&L->ffn_gate));
+        if (L->ffn_gate_up.data) {
+            run_norm_convert(&s, r->x, r->delta, hp->n_embd, &L->ffn_norm, &L->ffn_gate_up, s.n_tokens, NULL);
+            run_on_row_units(&s, task_gate_up, hp->n_ff / BLADE_GATE_UP_GROUP);
         } else {
             const blade_weight *gu[2] = {&L->ffn_gate, &L->ffn_up};
             float *gu_out[2] = {r->ffn, r->up};
