@@ -129,8 +129,12 @@ TGT INLINE void q32_matmul(bool q4, const void *W, size_t w_stride, const void *
     float out[TILE_R * TILE_T];
     if (n_tok == 1) {
         act_q8_view a = act_q8_at(X, n);
-        for (int64_t r = r0; r < r1; r++)
-            Y[r] = q32_gemv(q4, (const uint8_t *)W + r * (int64_t)w_stride, a, nb);
+        const uint8_t *end = (const uint8_t *)W + r1 * (int64_t)w_stride;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *row = (const uint8_t *)W + r * (int64_t)w_stride;
+            touch_stream(row, w_stride, end);
+            Y[r] = q32_gemv(q4, row, a, nb);
+        }
         return;
     }
     q32_dec *pk = pack_alloc(sizeof(q32_dec) * TILE_R * (size_t)nb);
@@ -223,7 +227,7 @@ TGT INLINE __m256 r16_step(bool q4, const r16_w *w, const int8_t *xq, float xd, 
 /* Half h of one group against T tokens; the side's start is the Q4_0 offset term (Q8_0
  * takes none here, its products are signed). */
 TGT INLINE void r16_tile(bool q4, int T, const uint8_t *group, int h, int64_t nb, const r16_x *xa, float *Y,
-                         int64_t ldy)
+                         int64_t ldy, const uint8_t *end)
 {
     size_t bb = r16_block_bytes(q4 ? BLADE_KTYPE_Q4_0_R16 : BLADE_KTYPE_Q8_0_R16);
     __m256 acc[R16_TILE_T];
@@ -231,6 +235,8 @@ TGT INLINE void r16_tile(bool q4, int T, const uint8_t *group, int h, int64_t nb
         acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         r16_w w;
+        if (T == 1 && h == 0)
+            touch_stream(group + b * bb, bb, end);
         r16_load(q4, group + b * bb, h, &w);
         for (int t = 0; t < T; t++)
             acc[t] = r16_step(q4, &w, xa[t].q + QK8_0 * b, xa[t].d[b], q4 ? xa[t].side[b] : 0, acc[t]);
@@ -243,7 +249,8 @@ TGT INLINE void r16_tile(bool q4, int T, const uint8_t *group, int h, int64_t nb
  * vpmaddubsw results add up in int16 (8 x 2 x 15 x 127 < 2^15) before one widening
  * vpmaddwd; the scale weighting (vpmulld) and the min pairs (vpmaddwd) are exact too. */
 
-TGT INLINE void k16_tile(int T, const uint8_t *group, int h, int64_t nsb, const r16_x *xa, float *Y, int64_t ldy)
+TGT INLINE void k16_tile(int T, const uint8_t *group, int h, int64_t nsb, const r16_x *xa, float *Y, int64_t ldy,
+                         const uint8_t *end)
 {
     const __m256i lo4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256 acc[R16_TILE_T];
@@ -252,6 +259,8 @@ TGT INLINE void k16_tile(int T, const uint8_t *group, int h, int64_t nsb, const 
     uint8_t sc[128], m[128];
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = group + b * R16_K_BYTES;
+        if (T == 1 && h == 0)
+            touch_stream(blk, R16_K_BYTES, end);
         r16_k_unpack(blk, sc, m);
         __m256i isum[R16_TILE_T];
         for (int t = 0; t < T; t++)
@@ -290,7 +299,8 @@ TGT INLINE void k16_tile(int T, const uint8_t *group, int h, int64_t nsb, const 
 
 /* Q6_K R16: the AVX-512 kernel's sums, eight rows per vector. Two of a sub-block's four
  * vpmaddubsw results add up in int16 (2 x 2 x 63 x 127 < 2^15) before widening. */
-TGT INLINE void k6_tile(int T, const uint8_t *group, int h, int64_t nsb, const r16_x *xa, float *Y, int64_t ldy)
+TGT INLINE void k6_tile(int T, const uint8_t *group, int h, int64_t nsb, const r16_x *xa, float *Y, int64_t ldy,
+                        const uint8_t *end)
 {
     const __m256i lo4 = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
     __m256 acc[R16_TILE_T];
@@ -298,6 +308,8 @@ TGT INLINE void k6_tile(int T, const uint8_t *group, int h, int64_t nsb, const r
         acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = group + b * R16_K6_BYTES;
+        if (T == 1 && h == 0)
+            touch_stream(blk, R16_K6_BYTES, end);
         __m256i isum[R16_TILE_T];
         for (int t = 0; t < T; t++)
             isum[t] = _mm256_setzero_si256();
@@ -339,6 +351,7 @@ TGT INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, const
     int64_t nb = n / r16_block_elems(ktype), per_token = r16_side_per_token(ktype, n);
     int32_t *side = pack_alloc(sizeof(int32_t) * (size_t)(TOKEN_CHUNK * per_token));
     r16_x xa[TOKEN_CHUNK];
+    const uint8_t *end = (const uint8_t *)W + r1 * (int64_t)w_stride;
     for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {
         int64_t c1 = c + TOKEN_CHUNK < n_tok ? c + TOKEN_CHUNK : n_tok;
         for (int64_t t = c; t < c1; t++)
@@ -349,9 +362,9 @@ TGT INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, const
                 for (int64_t t = c; t < c1; t += R16_TILE_T) {
                     int64_t nt = c1 - t < R16_TILE_T ? c1 - t : R16_TILE_T;
                     float *y = Y + t * ldy + g;
-#define K16_TILE(T) k16_tile(T, group, h, nb, xa + (t - c), y, ldy)
-#define K6_TILE(T) k6_tile(T, group, h, nb, xa + (t - c), y, ldy)
-#define R16_TILE(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, group, h, nb, xa + (t - c), y, ldy)
+#define K16_TILE(T) k16_tile(T, group, h, nb, xa + (t - c), y, ldy, end)
+#define K6_TILE(T) k6_tile(T, group, h, nb, xa + (t - c), y, ldy, end)
+#define R16_TILE(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, group, h, nb, xa + (t - c), y, ldy, end)
                     if (k4) {
                         WITH_CONST_T(nt, R16_TILE_T, K16_TILE)
                     } else if (k6) {
@@ -518,8 +531,12 @@ TGT INLINE void k_matmul(enum k_kind kind, const void *W, size_t w_stride, const
     float out[TILE_R * TILE_T];
     if (n_tok == 1) {
         act_k_view a = act_k_at(X, n);
-        for (int64_t r = r0; r < r1; r++)
-            Y[r] = k_gemv(kind, (const uint8_t *)W + r * (int64_t)w_stride, a, nsb);
+        const uint8_t *end = (const uint8_t *)W + r1 * (int64_t)w_stride;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *row = (const uint8_t *)W + r * (int64_t)w_stride;
+            touch_stream(row, w_stride, end);
+            Y[r] = k_gemv(kind, row, a, nsb);
+        }
         return;
     }
     k_dec *pk = pack_alloc(sizeof(k_dec) * TILE_R * (size_t)nsb);
@@ -631,8 +648,10 @@ TGT INLINE void f_matmul(enum f_kind kind, const void *W, size_t w_stride, const
     float out[F_TILE_R * F_TILE_T];
     if (n_tok == 1) {
         xs[0] = X;
+        const uint8_t *end = (const uint8_t *)W + r1 * (int64_t)w_stride;
         for (int64_t r = r0; r < r1; r++) {
             rows[0] = (const uint8_t *)W + r * (int64_t)w_stride;
+            touch_stream(rows[0], w_stride, end);
             f_tile(kind, 1, 1, rows, xs, n, out);
             Y[r] = out[0];
         }

@@ -1,0 +1,30 @@
+#ifndef BLADE_PAGE_TOUCH_H
+#define BLADE_PAGE_TOUCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* One-token products stream their weights once, and the hardware prefetchers that keep
+ * such a stream at full speed start over at every 4 KiB page (they do not cross into a
+ * page the core has not touched yet). As the stream enters a page, a demand load of one
+ * byte in the page after it gets that page going before the kernel reaches it: decode
+ * measured 25% (Q4_0) and 44% (Q8_0) faster with it. Prefetch instructions measured no
+ * faster at any distance and much slower into the page being entered; loads into several
+ * pages at once measured slower too. */
+#define TOUCH_PAGE ((uintptr_t)4096)
+
+/* For the part [at, at + bytes) of a stream the caller is about to consume: one load for
+ * each page that begins inside it, in the page after that one, if below end (the last byte
+ * the caller may read). */
+static inline void touch_stream(const uint8_t *at, size_t bytes, const uint8_t *end)
+{
+    uintptr_t a = (uintptr_t)at;
+    for (uintptr_t page = (a + TOUCH_PAGE - 1) & ~(TOUCH_PAGE - 1); page < a + bytes; page += TOUCH_PAGE) {
+        const uint8_t *t = at + (page - a) + TOUCH_PAGE;
+        if (t >= end)
+            return;
+        (void)*(const volatile uint8_t *)t;
+    }
+}
+
+#endif
