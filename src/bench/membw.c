@@ -21,9 +21,9 @@ typedef struct read_job {
 
 /* Wide loads OR-ed together: the loop issues nothing but loads, so it runs at the
  * memory system's read limit rather than at an arithmetic limit. Like the kernels, it
- * touches each page two ahead as it enters one (page_touch.h), which
- * measured about 20% above plain loads on two cores: the roofline is what the memory
- * system can deliver, not what a plain loop gets from it. */
+ * loads a byte of the page after each page it enters (page_touch.h), which measured
+ * about 20% above plain loads on two cores: the roofline is what the memory system can
+ * deliver, not what a plain loop gets from it. */
 #if defined(__x86_64__)
 __attribute__((target("avx2"))) static uint64_t read_avx2(const uint8_t *p, size_t n)
 {
