@@ -325,19 +325,19 @@ TGT_F INLINE __m512i bcast4(const int8_t *p)
     return _mm512_set1_epi32(v);
 }
 
-/* x: the token's block (32 quants, its scale, its start). Chunks 0-3 and 4-7 go to two
- * chains; with hi16 the second sums 16 times the high nibbles' products, a multiple of 16
- * that the arithmetic shift divides exactly. */
 /* acc + the 16 rows' 4-byte groups of w against the token's 4 bytes at x, with the
  * broadcast folded into the instruction's memory operand ({1to16}): compilers keep it a
  * separate broadcast, and the fold is worth about 3% of Q4_0 decode (with the single load
- * of r16_load below). */
+ * per chunk in r16_load above). */
 TGT_Q INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t *x)
 {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)x));
     return acc;
 }
 
+/* x: the token's block (32 quants, its scale, its start). Chunks 0-3 and 4-7 go to two
+ * chains; with hi16 the second sums 16 times the high nibbles' products, a multiple of 16
+ * that the arithmetic shift divides exactly. */
 TGT_Q INLINE __m512 r16_step(const r16_w *w, bool hi16, const int8_t *xq, float xd, int32_t start, __m512 acc)
 {
     __m512i s0 = _mm512_set1_epi32(start), s1 = _mm512_setzero_si512();
