@@ -432,6 +432,50 @@ static void test_act_convert(void **state)
         assert_true(blade_matmul_supported(all_types[i]));
 }
 
+/* Weights of one activation form share a converted row (the runner multiplies them in one
+ * pass): that holds only if their converters write the same bytes, on every ISA. */
+static void test_act_forms(void **state)
+{
+    (void)state;
+    enum { N = 512 };
+    float x[N];
+    for (int i = 0; i < N; i++)
+        x[i] = sample();
+    uint32_t types[N_TYPES + N_R16_TYPES];
+    size_t nt = 0;
+    for (size_t i = 0; i < N_TYPES; i++)
+        types[nt++] = all_types[i];
+    for (size_t i = 0; i < N_R16_TYPES; i++)
+        types[nt++] = r16_types[i];
+    blade_isa saved = blade_isa_active();
+    for (int isa = 0; isa < BLADE_ISA_COUNT; isa++) {
+        if (!blade_isa_supported((blade_isa)isa))
+            continue;
+        blade_isa_set((blade_isa)isa);
+        for (size_t a = 0; a < nt; a++)
+            for (size_t b = 0; b < nt; b++) {
+                assert_int_equal(blade_act_form(types[a]), blade_act_form(blade_matmul_base_type(types[a])));
+                if (blade_act_form(types[a]) != blade_act_form(types[b]))
+                    continue;
+                size_t bytes = blade_act_row_bytes(types[a], N);
+                assert_int_equal(bytes, blade_act_row_bytes(types[b], N));
+                uint8_t *ra = malloc(bytes), *rb = malloc(bytes);
+                blade_act_convert(types[a], x, ra, N);
+                blade_act_convert(types[b], x, rb, N);
+                assert_memory_equal(ra, rb, bytes);
+                free(ra);
+                free(rb);
+            }
+    }
+    blade_isa_set(saved);
+    assert_int_equal(blade_act_form(BLADE_TYPE_Q4_K), blade_act_form(BLADE_TYPE_Q6_K));
+    assert_int_equal(blade_act_form(BLADE_TYPE_Q4_0), blade_act_form(BLADE_TYPE_Q8_0));
+    assert_true(blade_act_form(BLADE_TYPE_Q4_0) != blade_act_form(BLADE_TYPE_Q4_K));
+    assert_true(blade_act_form(BLADE_TYPE_F16) != blade_act_form(BLADE_TYPE_BF16));
+    assert_int_equal(blade_act_form(BLADE_TYPE_Q2_K), BLADE_ACT_FORM_NONE);
+    assert_int_equal(blade_act_form(BLADE_TYPE_Q8_K), BLADE_ACT_FORM_NONE);
+}
+
 /* The vector converters must write exactly the portable converter's bytes, special
  * values included, since rows are shared across ISAs. */
 static void test_act_convert_isas(void **state)
@@ -517,6 +561,7 @@ int main(void)
         cmocka_unit_test(test_isa),
         cmocka_unit_test(test_act_convert),
         cmocka_unit_test(test_act_convert_isas),
+        cmocka_unit_test(test_act_forms),
         cmocka_unit_test(test_repack),
         cmocka_unit_test(test_invariance_float),
         cmocka_unit_test(test_invariance_q32),

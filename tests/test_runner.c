@@ -35,15 +35,18 @@ static uint32_t rnd(void)
     return (uint32_t)(rng_state >> 33);
 }
 
-static char *model_path(uint32_t type, blade_arch arch)
+/* sensitive: 0, or the type of a "_M" mix's sensitive tensors (synth.h); such a model gets
+ * a third layer, the first that the mix keeps at higher precision. */
+static char *model_path(uint32_t type, uint32_t sensitive, blade_arch arch)
 {
-    char name[64];
-    snprintf(name, sizeof name, "runner-%s-%s.gguf", blade_type_traits_get(type)->name, blade_arch_name(arch));
+    char name[80];
+    snprintf(name, sizeof name, "runner-%s-%s-%s.gguf", blade_type_traits_get(type)->name,
+             sensitive ? blade_type_traits_get(sensitive)->name : "uniform", blade_arch_name(arch));
     char *path = temp_path(name);
     blade_synth_spec spec = {
-        .arch = arch, .n_vocab = 320, .n_embd = 256, .n_layer = 2, .n_head = 8, .n_head_kv = 2,
+        .arch = arch, .n_vocab = 320, .n_embd = 256, .n_layer = sensitive ? 3 : 2, .n_head = 8, .n_head_kv = 2,
         .head_dim = 32, .n_ff = 512, .n_ctx = 1024, .rope_base = 10000.0f, .tied_embeddings = false,
-        .weight_type = type, .seed = 99, .vocab_path = NULL,
+        .weight_type = type, .sensitive_type = sensitive, .seed = 99, .vocab_path = NULL,
     };
     blade_error err = {{0}};
     if (blade_synth_write(&spec, path, false, &err))
@@ -178,9 +181,9 @@ static void assert_same_bits(const float *a, const float *b, int32_t n_vocab, co
 /* The full matrix runs on the ISA the machine would use; every other supported ISA gets
  * one mixed run (chunks of 7 among 5 other sequences) against its own lone reference, since
  * bits are only promised within one ISA. */
-static void check_invariance(uint32_t type, blade_arch arch, blade_kv_type kv_type)
+static void check_invariance(uint32_t type, uint32_t sensitive, blade_arch arch, blade_kv_type kv_type)
 {
-    char *path = model_path(type, arch);
+    char *path = model_path(type, sensitive, arch);
     for (int i = 0; i < SEQ_LEN; i++)
         target_tokens[i] = (int32_t)(3 + (i * 7919) % 300);
     blade_isa best = blade_isa_active();
@@ -222,21 +225,22 @@ static void check_invariance(uint32_t type, blade_arch arch, blade_kv_type kv_ty
     free(path);
 }
 
-#define INVARIANCE_TEST(name, type, arch, kv)                                                                          \
+#define INVARIANCE_TEST(name, type, sensitive, arch, kv)                                                               \
     static void name(void **state)                                                                                     \
     {                                                                                                                  \
         (void)state;                                                                                                   \
-        check_invariance(type, arch, kv);                                                                              \
+        check_invariance(type, sensitive, arch, kv);                                                                   \
     }
 
-INVARIANCE_TEST(test_invariance_q4_0, BLADE_TYPE_Q4_0, BLADE_ARCH_LLAMA, BLADE_KV_F16)
-INVARIANCE_TEST(test_invariance_q8_0, BLADE_TYPE_Q8_0, BLADE_ARCH_QWEN2, BLADE_KV_F16)
-INVARIANCE_TEST(test_invariance_q4_k, BLADE_TYPE_Q4_K, BLADE_ARCH_QWEN3, BLADE_KV_BF16)
-INVARIANCE_TEST(test_invariance_q5_k, BLADE_TYPE_Q5_K, BLADE_ARCH_LLAMA, BLADE_KV_F16)
-INVARIANCE_TEST(test_invariance_q6_k, BLADE_TYPE_Q6_K, BLADE_ARCH_LLAMA, BLADE_KV_F32)
-INVARIANCE_TEST(test_invariance_f16, BLADE_TYPE_F16, BLADE_ARCH_LLAMA, BLADE_KV_F16)
-INVARIANCE_TEST(test_invariance_bf16, BLADE_TYPE_BF16, BLADE_ARCH_LLAMA, BLADE_KV_F16)
-INVARIANCE_TEST(test_invariance_f32, BLADE_TYPE_F32, BLADE_ARCH_LLAMA, BLADE_KV_F32)
+INVARIANCE_TEST(test_invariance_q4_0, BLADE_TYPE_Q4_0, 0, BLADE_ARCH_LLAMA, BLADE_KV_F16)
+INVARIANCE_TEST(test_invariance_q8_0, BLADE_TYPE_Q8_0, 0, BLADE_ARCH_QWEN2, BLADE_KV_F16)
+INVARIANCE_TEST(test_invariance_q4_k, BLADE_TYPE_Q4_K, 0, BLADE_ARCH_QWEN3, BLADE_KV_BF16)
+INVARIANCE_TEST(test_invariance_q4_k_m, BLADE_TYPE_Q4_K, BLADE_TYPE_Q6_K, BLADE_ARCH_LLAMA, BLADE_KV_F16)
+INVARIANCE_TEST(test_invariance_q5_k, BLADE_TYPE_Q5_K, 0, BLADE_ARCH_LLAMA, BLADE_KV_F16)
+INVARIANCE_TEST(test_invariance_q6_k, BLADE_TYPE_Q6_K, 0, BLADE_ARCH_LLAMA, BLADE_KV_F32)
+INVARIANCE_TEST(test_invariance_f16, BLADE_TYPE_F16, 0, BLADE_ARCH_LLAMA, BLADE_KV_F16)
+INVARIANCE_TEST(test_invariance_bf16, BLADE_TYPE_BF16, 0, BLADE_ARCH_LLAMA, BLADE_KV_F16)
+INVARIANCE_TEST(test_invariance_f32, BLADE_TYPE_F32, 0, BLADE_ARCH_LLAMA, BLADE_KV_F32)
 
 /* The loader's fused gate/up matrix (model.h) moves rows, not arithmetic: a model fused at
  * load gives the same bits as the same file read from caller memory, which keeps the two
@@ -245,7 +249,7 @@ INVARIANCE_TEST(test_invariance_f32, BLADE_TYPE_F32, BLADE_ARCH_LLAMA, BLADE_KV_
 static void test_fused_gate_up_same_bits(void **state)
 {
     (void)state;
-    char *path = model_path(BLADE_TYPE_F16, BLADE_ARCH_LLAMA);
+    char *path = model_path(BLADE_TYPE_F16, 0, BLADE_ARCH_LLAMA);
     for (int i = 0; i < SEQ_LEN; i++)
         target_tokens[i] = (int32_t)(3 + (i * 7919) % 300);
     size_t size;
@@ -276,7 +280,7 @@ static void test_fused_gate_up_same_bits(void **state)
 static void test_matches_reference_forward(void **state)
 {
     (void)state;
-    char *path = model_path(BLADE_TYPE_F32, BLADE_ARCH_QWEN2);
+    char *path = model_path(BLADE_TYPE_F32, 0, BLADE_ARCH_QWEN2);
     for (int i = 0; i < SEQ_LEN; i++)
         target_tokens[i] = (int32_t)(3 + (i * 31) % 300);
     rig g = rig_new(path, 2, BLADE_KV_F32);
@@ -302,11 +306,13 @@ static void test_matches_reference_forward(void **state)
 }
 
 /* Quantized weights: the runner quantizes activations for integer dot products, the
- * reference does not; the logits still agree to well under the weight quantization error. */
+ * reference does not; the logits still agree to well under the weight quantization error.
+ * On the Q4_K_M mix, whose third layer's Q6_K V projection shares one activation row and
+ * one pass of the pool with the Q4_K Q and K ones. */
 static void test_quantized_close_to_reference(void **state)
 {
     (void)state;
-    char *path = model_path(BLADE_TYPE_Q4_K, BLADE_ARCH_LLAMA);
+    char *path = model_path(BLADE_TYPE_Q4_K, BLADE_TYPE_Q6_K, BLADE_ARCH_LLAMA);
     rig g = rig_new(path, 2, BLADE_KV_F16);
     float *got = run_target(&g, 64, 0, false);
     blade_error err = {{0}};
@@ -322,7 +328,7 @@ static void test_quantized_close_to_reference(void **state)
         }
     }
     double rel = sqrt(se / ss);
-    print_message("runner (Q8 activations, f16 KV) vs reference forward on Q4_K weights: relative RMS %.5f\n", rel);
+    print_message("runner (Q8 activations, f16 KV) vs reference forward on Q4_K_M weights: relative RMS %.5f\n", rel);
     assert_true(rel < 0.02);
     blade_forward_free(fw);
     free(got);
@@ -333,7 +339,7 @@ static void test_quantized_close_to_reference(void **state)
 static void test_rejects_bad_batches(void **state)
 {
     (void)state;
-    char *path = model_path(BLADE_TYPE_F32, BLADE_ARCH_LLAMA);
+    char *path = model_path(BLADE_TYPE_F32, 0, BLADE_ARCH_LLAMA);
     rig g = rig_new(path, 1, BLADE_KV_F16);
     blade_error err = {{0}};
     int32_t toks[4] = {5, 6, 7, 8}, blocks[1] = {0}, bad_blocks[1] = {N_BLOCKS};
@@ -363,9 +369,10 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_invariance_q4_0),      cmocka_unit_test(test_invariance_q8_0),
-        cmocka_unit_test(test_invariance_q4_k),      cmocka_unit_test(test_invariance_q5_k),
-        cmocka_unit_test(test_invariance_q6_k),      cmocka_unit_test(test_invariance_f16),
-        cmocka_unit_test(test_invariance_bf16),      cmocka_unit_test(test_invariance_f32),
+        cmocka_unit_test(test_invariance_q4_k),      cmocka_unit_test(test_invariance_q4_k_m),
+        cmocka_unit_test(test_invariance_q5_k),      cmocka_unit_test(test_invariance_q6_k),
+        cmocka_unit_test(test_invariance_f16),       cmocka_unit_test(test_invariance_bf16),
+        cmocka_unit_test(test_invariance_f32),
         cmocka_unit_test(test_matches_reference_forward), cmocka_unit_test(test_quantized_close_to_reference),
         cmocka_unit_test(test_rejects_bad_batches),  cmocka_unit_test(test_fused_gate_up_same_bits),
     };

@@ -41,6 +41,11 @@ void blade_isa_set(blade_isa isa); /* ignored when unsupported */
 
 /* True for the weight types blade_matmul computes with. */
 bool blade_matmul_supported(uint32_t weight_type);
+/* The form of activation row weights of this type read, named by a type (F32, BF16, Q8_0
+ * or Q8_K; BLADE_ACT_FORM_NONE for an unsupported type): weights of one form can share a
+ * converted row. */
+#define BLADE_ACT_FORM_NONE UINT32_MAX
+uint32_t blade_act_form(uint32_t weight_type);
 /* Bytes of one converted activation row of n elements for weights of this type. */
 size_t blade_act_row_bytes(uint32_t weight_type, int64_t n);
 /* Converts one activation row (n floats) for weights of this type. */

@@ -9,21 +9,37 @@
  * checked against these portable ones), so a converted row is valid for any kernel and
  * switching ISA never invalidates buffers. */
 
-size_t blade_act_row_bytes(uint32_t weight_type, int64_t n)
+uint32_t blade_act_form(uint32_t weight_type)
 {
-    size_t un = (size_t)n;
     switch (blade_matmul_base_type(weight_type)) {
     case BLADE_TYPE_F32:
     case BLADE_TYPE_F16:
+        return BLADE_TYPE_F32;
+    case BLADE_TYPE_BF16:
+        return BLADE_TYPE_BF16;
+    case BLADE_TYPE_Q8_0:
+    case BLADE_TYPE_Q4_0:
+        return BLADE_TYPE_Q8_0;
+    case BLADE_TYPE_Q4_K:
+    case BLADE_TYPE_Q5_K:
+    case BLADE_TYPE_Q6_K:
+        return BLADE_TYPE_Q8_K;
+    default:
+        return BLADE_ACT_FORM_NONE;
+    }
+}
+
+size_t blade_act_row_bytes(uint32_t weight_type, int64_t n)
+{
+    size_t un = (size_t)n;
+    switch (blade_act_form(weight_type)) {
+    case BLADE_TYPE_F32:
         return act_pad(un * sizeof(float));
     case BLADE_TYPE_BF16:
         return act_pad(un * sizeof(uint16_t));
     case BLADE_TYPE_Q8_0:
-    case BLADE_TYPE_Q4_0:
         return act_pad(un) + 2 * act_pad(un / QK8_0 * sizeof(float));
-    case BLADE_TYPE_Q4_K:
-    case BLADE_TYPE_Q5_K:
-    case BLADE_TYPE_Q6_K:
+    case BLADE_TYPE_Q8_K:
         return act_pad(un) + act_pad(un / QK_K * sizeof(float)) + act_pad(un / 16 * sizeof(int16_t));
     default:
         return 0;

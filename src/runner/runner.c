@@ -451,9 +451,9 @@ static void task_swiglu(void *ctx, int ith, int nth)
 }
 
 /* Adds the pending residual delta (when given), then normalises the residual stream once
- * per distinct weight type and multiplies every weight of that type in one pass of the
- * pool. Files mixing types across projections (Q4_K_M keeps some V and down projections
- * in Q6_K) get one conversion per type. */
+ * per activation form (kernels.h) and multiplies every weight that reads it in one pass of
+ * the pool. Files mixing types across projections share a pass where the forms agree
+ * (Q4_K_M's Q6_K V projections join Q4_K's Q and K). */
 static void run_projections(step *s, float *residual_delta, const blade_weight *norm, const blade_weight **ws,
                             float **outs, int n)
 {
@@ -468,7 +468,7 @@ static void run_projections(step *s, float *residual_delta, const blade_weight *
         float *group_out[3] = {NULL, NULL, NULL};
         int k = 0;
         for (int j = i; j < n; j++)
-            if (!done[j] && blade_matmul_base_type(ws[j]->type) == blade_matmul_base_type(ws[i]->type)) {
+            if (!done[j] && blade_act_form(ws[j]->type) == blade_act_form(ws[i]->type)) {
                 group[k] = ws[j];
                 group_out[k++] = outs[j];
                 done[j] = true;
