@@ -431,7 +431,7 @@ TGT_Q INLINE __m512i k16_sub(const __m512i w[8], const int8_t *xq, __m512i sc)
 TGT_Q INLINE void k16_tile(int T, const uint8_t *group, int64_t nsb, const r16_x *x, float *Y, int64_t ldy,
                           const uint8_t *end)
 {
-    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), hi4 = _mm512_set1_epi8((char)0xF0);
     __m512 acc[K16_TILE_T];
     for (int t = 0; t < T; t++)
         acc[t] = _mm512_setzero_ps();
@@ -447,18 +447,23 @@ TGT_Q INLINE void k16_tile(int T, const uint8_t *group, int64_t nsb, const r16_x
             isum[t] = _mm512_setzero_si512();
         if (T <= 2) {
             /* one pass over each chunk for sub-blocks 2c (low nibbles) and 2c+1 (high):
-             * a strictly sequential stream, which the one-token path wants */
+             * a strictly sequential stream, which the one-token path wants. The high
+             * nibbles stay in place, 16 times their value, and the shift divides their
+             * weighted sum exactly: a shift less per chunk, 1.03x on Q4_K_M decode. */
             for (int c = 0; c < 4; c++) {
                 __m512i lo[8], hi[8];
                 for (int g = 0; g < 8; g++) {
                     __m512i v = _mm512_loadu_si512(blk + R16_K_QS + 64 * (8 * c + g));
+                    __asm__("" : "+v"(v)); /* one load per chunk, as in r16_load */
                     lo[g] = _mm512_and_si512(v, lo4);
-                    hi[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                    hi[g] = _mm512_and_si512(v, hi4);
                 }
-                for (int t = 0; t < T; t++)
-                    isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(k16_sub(lo, x[t].q + QK_K * b + 2 * K_SUB * c, sc[2 * c]),
-                                                                         k16_sub(hi, x[t].q + QK_K * b + 2 * K_SUB * c + K_SUB,
-                                                                                 sc[2 * c + 1])));
+                for (int t = 0; t < T; t++) {
+                    const int8_t *xq = x[t].q + QK_K * b + 2 * K_SUB * c;
+                    __m512i hi16 = k16_sub(hi, xq + K_SUB, sc[2 * c + 1]);
+                    isum[t] = _mm512_add_epi32(isum[t], _mm512_add_epi32(k16_sub(lo, xq, sc[2 * c]),
+                                                                         _mm512_srai_epi32(hi16, 4)));
+                }
             }
         } else {
             /* one sub-block at a time: half the weight registers, so wider tiles fit */
