@@ -108,36 +108,32 @@ static void convert_k(const float *x, uint8_t *out, int64_t n)
 
 void blade_act_convert(uint32_t weight_type, const float *x, void *out, int64_t n)
 {
-    weight_type = blade_matmul_base_type(weight_type);
+    uint32_t form = blade_act_form(weight_type);
     size_t bytes = blade_act_row_bytes(weight_type, n);
     /* Zeroing first makes every padding byte an exact zero for the kernels' whole-vector
      * loads; the cost is small next to the conversion itself. */
     memset(out, 0, bytes);
 #if defined(__x86_64__)
     blade_isa isa = blade_isa_active();
-    blade_act_fn fn = isa == BLADE_ISA_AVX512 ? blade_act_avx512_converter(weight_type)
-                      : isa == BLADE_ISA_AVX2 ? blade_act_avx2_converter(weight_type)
+    blade_act_fn fn = isa == BLADE_ISA_AVX512 ? blade_act_avx512_converter(form)
+                      : isa == BLADE_ISA_AVX2 ? blade_act_avx2_converter(form)
                                               : NULL;
     if (fn) {
         fn(x, out, n);
         return;
     }
 #endif
-    switch (weight_type) {
+    switch (form) {
     case BLADE_TYPE_F32:
-    case BLADE_TYPE_F16:
         memcpy(out, x, (size_t)n * sizeof(float));
         break;
     case BLADE_TYPE_BF16:
         blade_bf16_from_float(x, out, n);
         break;
     case BLADE_TYPE_Q8_0:
-    case BLADE_TYPE_Q4_0:
         convert_q8(x, out, n);
         break;
-    case BLADE_TYPE_Q4_K:
-    case BLADE_TYPE_Q5_K:
-    case BLADE_TYPE_Q6_K:
+    case BLADE_TYPE_Q8_K:
         convert_k(x, out, n);
         break;
     default:

@@ -1142,15 +1142,12 @@ TGT_F static void act_bf16(const float *x, void *out, int64_t n)
     }
 }
 
-blade_act_fn blade_act_avx512_converter(uint32_t type)
+blade_act_fn blade_act_avx512_converter(uint32_t form)
 {
-    switch (type) {
+    switch (form) {
     case BLADE_TYPE_Q8_0:
-    case BLADE_TYPE_Q4_0:
         return act_q8;
-    case BLADE_TYPE_Q4_K:
-    case BLADE_TYPE_Q5_K:
-    case BLADE_TYPE_Q6_K:
+    case BLADE_TYPE_Q8_K:
         return act_k;
     case BLADE_TYPE_BF16:
         return act_bf16;
