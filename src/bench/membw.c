@@ -1,6 +1,6 @@
 #include "blade/bench.h"
 
-#include "kernels/page_touch.h"
+#include "kernels/stream_ahead.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -20,15 +20,16 @@ typedef struct read_job {
 } read_job;
 
 /* Wide loads OR-ed together: the loop issues nothing but loads, so it runs at the
- * memory system's read limit rather than at an arithmetic limit. Like the kernels, it
- * loads a byte of the page after each page it enters (page_touch.h), which measured
- * about 20% above plain loads on two cores: the roofline is what the memory system can
- * deliver, not what a plain loop gets from it. */
+ * memory system's read limit rather than at an arithmetic limit. It hints its stream as
+ * the kernels do (stream_ahead.h): the page touch measured about 20% above plain loads on
+ * two cores, and the prefetch ahead 5-15% more. The roofline is what the memory system
+ * can deliver, not what a plain loop gets from it. */
 #if defined(__x86_64__)
 __attribute__((target("avx2"))) static uint64_t read_avx2(const uint8_t *p, size_t n)
 {
     __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
     for (size_t i = 0; i + 128 <= n; i += 128) {
+        prefetch_stream(p + i, 128, p + n);
         touch_stream(p + i, 128, p + n);
         a = _mm256_or_si256(a, _mm256_load_si256((const __m256i *)(p + i)));
         b = _mm256_or_si256(b, _mm256_load_si256((const __m256i *)(p + i + 32)));
@@ -44,6 +45,7 @@ static uint64_t read_scalar(const uint8_t *p, size_t n)
 {
     uint64_t a = 0, b = 0, v0, v1;
     for (size_t i = 0; i + 16 <= n; i += 16) {
+        prefetch_stream(p + i, 16, p + n);
         touch_stream(p + i, 16, p + n);
         memcpy(&v0, p + i, 8);
         memcpy(&v1, p + i + 8, 8);

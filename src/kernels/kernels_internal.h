@@ -6,7 +6,7 @@
 
 #include "blade/kernels.h"
 #include "blade/types.h"
-#include "kernels/page_touch.h"
+#include "kernels/stream_ahead.h"
 #include "tensor/quant_ref.h"
 
 #include <stddef.h>

@@ -361,8 +361,10 @@ TGT_Q INLINE void r16_tile(bool q4, int T, const uint8_t *group, int64_t nb, con
         acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         r16_w w;
-        if (T == 1)
+        if (T == 1) {
+            prefetch_stream(group + b * bb, bb, end);
             touch_stream(group + b * bb, bb, end);
+        }
         r16_load(q4, q4 && T == 1, group + b * bb, &w);
         for (int t = 0; t < T; t++)
             acc[t] = r16_step(&w, q4 && T == 1, x[t].q + QK8_0 * b, x[t].d[b], x[t].side[b], acc[t]);
@@ -379,21 +381,11 @@ TGT_Q INLINE void r16_tile(bool q4, int T, const uint8_t *group, int64_t nb, con
  * kernel's two FMAs. Scales, mins and each sub-block's quants are decoded once per tile. */
 
 #define K16_TILE_T 8
-/* The one-token path prefetches the super-block two ahead: a super-block is a long run
- * of arithmetic per 2304 bytes, and left to the hardware prefetchers the stream measured
- * at about 38 GB/s on two cores against 45 with the hint. It touches pages ahead as well
- * (page_touch.h), which added about 2% here; the touch without the hint measured 22%
- * slower than the hint alone. */
-#define K16_PREFETCH_AHEAD 2
-/* The hinted streams touch two lines of each page ahead (page_touch.h). */
+/* The one-token path hints its stream like every other (stream_ahead.h). A super-block
+ * is a long run of arithmetic per 2304 bytes: with no prefetch the stream measured at
+ * about 38 GB/s on two cores against 45 with one, and the page touch without it 22%
+ * slower than the prefetch alone. Its touch loads two lines of each page ahead. */
 #define HINTED_TOUCH_LINES 2
-
-/* The one-token paths' hint: every cache line of the block `ahead` blocks on. */
-TGT_F INLINE void prefetch_block(const uint8_t *blk, int bytes, int ahead)
-{
-    for (int o = 0; o < bytes; o += 64)
-        _mm_prefetch((const char *)(blk + ahead * bytes + o), _MM_HINT_T0);
-}
 
 /* Scale slots as int32 per sub-block, min slots as int16 pairs per pair of sub-blocks. */
 TGT_F INLINE void k16_scales(const uint8_t *blk, __m512i sc[8], __m512i mp[4])
@@ -438,7 +430,7 @@ TGT_Q INLINE void k16_tile(int T, const uint8_t *group, int64_t nsb, const r16_x
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = group + b * R16_K_BYTES;
         if (T == 1) {
-            prefetch_block(blk, R16_K_BYTES, K16_PREFETCH_AHEAD);
+            prefetch_stream(blk, R16_K_BYTES, end);
             touch_stream_lines(blk, R16_K_BYTES, end, HINTED_TOUCH_LINES);
         }
         __m512i sc[8], mp[4], isum[K16_TILE_T];
@@ -500,11 +492,6 @@ TGT_Q INLINE void k16_tile(int T, const uint8_t *group, int64_t nsb, const r16_x
  * decoded once per tile, a pair of sub-blocks at a time. */
 
 #define K6_TILE_T 8
-/* As in the Q4_K path, but one super-block (3360 bytes) ahead: the one-token stream
- * measured at 0.61 of the bandwidth probe with no hint, 0.74 with this one and 0.69 with
- * two ahead (medians of 12-24 runs, 2 threads). */
-#define K6_PREFETCH_AHEAD 1
-
 /* Sub-blocks 4s+2i (lo) and 4s+2i+1 (hi) of the quarter at q, elements 4g..4g+3 in
  * vector g, as bytes 0..63. Their top bits sit at bits 4i..4i+1 and 4i+2..4i+3 of the
  * quarter's top-bit chunks; one shift of the chunk puts the second sub-block's at 4-5 and
@@ -538,7 +525,7 @@ TGT_Q INLINE void k6_tile(int T, const uint8_t *group, int64_t nsb, const r16_x 
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = group + b * R16_K6_BYTES;
         if (T == 1) {
-            prefetch_block(blk, R16_K6_BYTES, K6_PREFETCH_AHEAD);
+            prefetch_stream(blk, R16_K6_BYTES, end);
             touch_stream_lines(blk, R16_K6_BYTES, end, HINTED_TOUCH_LINES);
         }
         __m512i isum[K6_TILE_T];
@@ -927,30 +914,38 @@ TGT_F INLINE void f_parts_sum(int R, int T, __m512 part[F_STRIPES][F_TILE_R][F_T
         }
 }
 
+/* One weight row against one token: the arithmetic of f_tile with R = T = 1, partial k
+ * taking units k, k + F_STRIPES, ..., with the stream hints of the one-token paths. */
+TGT_F INLINE float f_row(enum f_kind kind, const uint8_t *row, const float *x, int64_t n, const uint8_t *end)
+{
+    const size_t unit_bytes = kind == F16 ? 32 : 64;
+    int64_t nu = n / 16;
+    __mmask16 tail = (__mmask16)((1u << (n % 16)) - 1);
+    touch_stream(row, (size_t)n * (kind == F16 ? 2 : 4), end);
+    __m512 p[F_STRIPES];
+    for (int k = 0; k < F_STRIPES; k++)
+        p[k] = _mm512_setzero_ps();
+    int64_t u = 0;
+    for (; u + F_STRIPES <= nu; u += F_STRIPES) {
+        prefetch_stream(row + unit_bytes * (size_t)u, F_STRIPES * unit_bytes, end);
+        for (int k = 0; k < F_STRIPES; k++)
+            p[k] = _mm512_fmadd_ps(f_load(kind, row, u + k, (__mmask16)0xFFFF), _mm512_loadu_ps(x + 16 * (u + k)), p[k]);
+    }
+    /* u is a multiple of F_STRIPES, so unit u + k belongs to partial k: constant indices
+     * keep the partials in registers (an indexed one lives on the stack). */
+    for (int k = 0; k < F_STRIPES; k++) {
+        __mmask16 m = u + k < nu ? (__mmask16)0xFFFF : u + k == nu ? tail : 0;
+        if (m)
+            p[k] = _mm512_fmadd_ps(f_load(kind, row, u + k, m), _mm512_loadu_ps(x + 16 * (u + k)), p[k]);
+    }
+    return stripes_sum(p);
+}
+
 TGT_F INLINE void f_tile(enum f_kind kind, int R, int T, const uint8_t *const *rows, const float *const *xs, int64_t n,
                          float *out)
 {
     int64_t nu = n / 16;
     __mmask16 tail = (__mmask16)((1u << (n % 16)) - 1);
-    if (R == 1 && T == 1) {
-        __m512 p[F_STRIPES];
-        for (int k = 0; k < F_STRIPES; k++)
-            p[k] = _mm512_setzero_ps();
-        int64_t u = 0;
-        for (; u + F_STRIPES <= nu; u += F_STRIPES)
-            for (int k = 0; k < F_STRIPES; k++)
-                p[k] = _mm512_fmadd_ps(f_load(kind, rows[0], u + k, (__mmask16)0xFFFF), _mm512_loadu_ps(xs[0] + 16 * (u + k)),
-                                       p[k]);
-        /* u is a multiple of F_STRIPES, so unit u + k belongs to partial k: constant
-         * indices keep the partials in registers (an indexed one lives on the stack). */
-        for (int k = 0; k < F_STRIPES; k++) {
-            __mmask16 m = u + k < nu ? (__mmask16)0xFFFF : u + k == nu ? tail : 0;
-            if (m)
-                p[k] = _mm512_fmadd_ps(f_load(kind, rows[0], u + k, m), _mm512_loadu_ps(xs[0] + 16 * (u + k)), p[k]);
-        }
-        out[0] = stripes_sum(p);
-        return;
-    }
     __m512 part[F_STRIPES][F_TILE_R][F_TILE_T];
     for (int k = 0; k < F_STRIPES; k++) {
         __m512 acc[F_TILE_R][F_TILE_T];
@@ -979,29 +974,36 @@ TGT_BF INLINE void bf16_step(int R, int T, const uint8_t *const *rows, const uin
     }
 }
 
+/* As f_row, for BF16 weights against a BF16 token. */
+TGT_BF INLINE float bf16_row(const uint8_t *row, const uint16_t *x, int64_t n, const uint8_t *end)
+{
+    int64_t nu = n / 32;
+    __mmask32 tail = (__mmask32)((1ull << (n % 32)) - 1);
+    touch_stream(row, (size_t)n * 2, end);
+    __m512 p[F_STRIPES];
+    for (int k = 0; k < F_STRIPES; k++)
+        p[k] = _mm512_setzero_ps();
+    int64_t u = 0;
+    for (; u + F_STRIPES <= nu; u += F_STRIPES) {
+        prefetch_stream(row + 64 * (size_t)u, F_STRIPES * 64, end);
+        for (int k = 0; k < F_STRIPES; k++)
+            p[k] = _mm512_dpbf16_ps(p[k], (__m512bh)_mm512_loadu_si512(row + 64 * (u + k)),
+                                    (__m512bh)_mm512_loadu_si512(x + 32 * (u + k)));
+    }
+    for (int k = 0; k < F_STRIPES; k++) { /* as in f_row */
+        __mmask32 m = u + k < nu ? (__mmask32)0xFFFFFFFF : u + k == nu ? tail : 0;
+        if (m)
+            p[k] = _mm512_dpbf16_ps(p[k], (__m512bh)_mm512_maskz_loadu_epi16(m, row + 64 * (u + k)),
+                                    (__m512bh)_mm512_loadu_si512(x + 32 * (u + k)));
+    }
+    return stripes_sum(p);
+}
+
 TGT_BF INLINE void bf16_tile(int R, int T, const uint8_t *const *rows, const uint16_t *const *xs, int64_t n,
                              float *out)
 {
     int64_t nu = n / 32;
     __mmask32 tail = (__mmask32)((1ull << (n % 32)) - 1);
-    if (R == 1 && T == 1) {
-        __m512 p[F_STRIPES];
-        for (int k = 0; k < F_STRIPES; k++)
-            p[k] = _mm512_setzero_ps();
-        int64_t u = 0;
-        for (; u + F_STRIPES <= nu; u += F_STRIPES)
-            for (int k = 0; k < F_STRIPES; k++)
-                p[k] = _mm512_dpbf16_ps(p[k], (__m512bh)_mm512_loadu_si512(rows[0] + 64 * (u + k)),
-                                        (__m512bh)_mm512_loadu_si512(xs[0] + 32 * (u + k)));
-        for (int k = 0; k < F_STRIPES; k++) { /* as in f_tile */
-            __mmask32 m = u + k < nu ? (__mmask32)0xFFFFFFFF : u + k == nu ? tail : 0;
-            if (m)
-                p[k] = _mm512_dpbf16_ps(p[k], (__m512bh)_mm512_maskz_loadu_epi16(m, rows[0] + 64 * (u + k)),
-                                        (__m512bh)_mm512_loadu_si512(xs[0] + 32 * (u + k)));
-        }
-        out[0] = stripes_sum(p);
-        return;
-    }
     __m512 part[F_STRIPES][F_TILE_R][F_TILE_T];
     for (int k = 0; k < F_STRIPES; k++) {
         __m512 acc[F_TILE_R][F_TILE_T];
@@ -1018,7 +1020,7 @@ TGT_BF INLINE void bf16_tile(int R, int T, const uint8_t *const *rows, const uin
 }
 
 /* Drives either tile function over the row range and token range. */
-#define F_DRIVER(TGT, name, TILE, xtype)                                                                      \
+#define F_DRIVER(TGT, name, TILE, ROW, xtype)                                                                 \
     TGT static void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,  \
                          int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                  \
     {                                                                                                         \
@@ -1026,14 +1028,9 @@ TGT_BF INLINE void bf16_tile(int R, int T, const uint8_t *const *rows, const uin
         const xtype *xs[F_TILE_T];                                                                            \
         float out[F_TILE_R * F_TILE_T];                                                                       \
         if (n_tok == 1) {                                                                                     \
-            xs[0] = X;                                                                                        \
             const uint8_t *end = (const uint8_t *)W + r1 * (int64_t)w_stride;                                 \
-            for (int64_t r = r0; r < r1; r++) {                                                               \
-                rows[0] = (const uint8_t *)W + r * (int64_t)w_stride;                                         \
-                touch_stream(rows[0], w_stride, end);                                                         \
-                TILE(1, 1);                                                                                   \
-                Y[r] = out[0];                                                                                \
-            }                                                                                                 \
+            for (int64_t r = r0; r < r1; r++)                                                                 \
+                Y[r] = ROW((const uint8_t *)W + r * (int64_t)w_stride, X, n, end);                            \
             return;                                                                                           \
         }                                                                                                     \
         for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {                                                    \
@@ -1054,16 +1051,18 @@ TGT_BF INLINE void bf16_tile(int R, int T, const uint8_t *const *rows, const uin
         }                                                                                                     \
     }
 
-/* TILE(R, T) for the one-token path, TILE_FULL(T) for full row tiles. */
+/* TILE_FULL(T) for full row tiles, ROW for the one-token path. */
 #define TILE_F32(R, T) f_tile(F32, R, T, rows, xs, n, out)
 #define TILE_F16(R, T) f_tile(F16, R, T, rows, xs, n, out)
 #define TILE_BF16(R, T) bf16_tile(R, T, rows, xs, n, out)
 #define TILE_F32_FULL(T) TILE_F32(F_TILE_R, T)
 #define TILE_F16_FULL(T) TILE_F16(F_TILE_R, T)
 #define TILE_BF16_FULL(T) TILE_BF16(F_TILE_R, T)
-F_DRIVER(TGT_F, mm_f32, TILE_F32, float)
-F_DRIVER(TGT_F, mm_f16, TILE_F16, float)
-F_DRIVER(TGT_BF, mm_bf16, TILE_BF16, uint16_t)
+#define ROW_F32(row, x, n, end) f_row(F32, row, x, n, end)
+#define ROW_F16(row, x, n, end) f_row(F16, row, x, n, end)
+F_DRIVER(TGT_F, mm_f32, TILE_F32, ROW_F32, float)
+F_DRIVER(TGT_F, mm_f16, TILE_F16, ROW_F16, float)
+F_DRIVER(TGT_BF, mm_bf16, TILE_BF16, bf16_row, uint16_t)
 
 /* ---------------------------------------------------------- activation rows ----
  * Same arithmetic as matmul.c's portable converters, sixteen elements at a time. */
