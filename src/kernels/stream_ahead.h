@@ -17,18 +17,21 @@
  * Prefetch ahead. On two cores the stream is held back by how many lines each core keeps
  * in flight, and the hardware prefetchers keep fewer while the core computes. A
  * non-temporal software prefetch STREAM_AHEAD bytes ahead of the loads, every line once,
- * measured 1.05-1.20x on decode for every weight type in the minutes when the machine's
- * bandwidth is high, and the same on a plain read loop (MEASURED.md). Non-temporal,
- * because these lines are used once: the T0 hint measured slower, and at times much
- * slower, on Q4_0 and Q8_0. About one page ahead: 2.3-5.8 KB measured alike, 7 KB and
- * more slower. */
+ * made decode 1.05-1.08x faster for Q4_0, F16 and BF16 (whole binaries taking turns) and
+ * the plain read loop 1.05-1.15x; Q8_0 and Q4_K_M (which had a T0 prefetch) came out
+ * even, though inside one process Q8_0 read anywhere from 0.88x to 1.17x with it as other
+ * tenants came and went (MEASURED.md). Non-temporal, because these lines are used once:
+ * the T0 hint measured slower on Q4_0, Q8_0 and Q4_K_M. About one page ahead: 2.3-5.8 KB
+ * measured alike, 7 KB and more slower. */
 #define TOUCH_PAGE ((uintptr_t)4096)
 #define STREAM_AHEAD ((uintptr_t)4608)
 
 /* For the part [at, at + bytes) of a stream the caller is about to consume: for each page
  * that begins inside it, loads of its first `lines` cache lines in the page after that
  * one, those below end (the last byte the caller may read). One line suits a plain
- * stream; two consecutive lines measured 0.98x there, but 1.01-1.05x on Q4_K_M decode. */
+ * stream; two consecutive lines measured 0.98x there, but 1.01-1.05x on Q4_K_M decode
+ * (with the T0 prefetch they had then; with this file's prefetch, one line measured 0.90x
+ * of two as whole binaries, though 1.05x inside one process). */
 static inline void touch_stream_lines(const uint8_t *at, size_t bytes, const uint8_t *end, int lines)
 {
     uintptr_t a = (uintptr_t)at;
