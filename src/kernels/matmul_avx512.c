@@ -384,8 +384,9 @@ TGT_Q INLINE void r16_tile(bool q4, int T, const uint8_t *group, int64_t nb, con
 /* The one-token path hints its stream like every other (stream_ahead.h). A super-block
  * is a long run of arithmetic per 2304 bytes: with no prefetch the stream measured at
  * about 38 GB/s on two cores against 45 with one, and the page touch without it 22%
- * slower than the prefetch alone. Its touch loads two lines of each page ahead. */
-#define HINTED_TOUCH_LINES 2
+ * slower than the prefetch alone. The K-quant streams touch two lines of each page ahead
+ * (Q4_K here, Q6_K below; stream_ahead.h says why). */
+#define K_TOUCH_LINES 2
 
 /* Scale slots as int32 per sub-block, min slots as int16 pairs per pair of sub-blocks. */
 TGT_F INLINE void k16_scales(const uint8_t *blk, __m512i sc[8], __m512i mp[4])
@@ -431,7 +432,7 @@ TGT_Q INLINE void k16_tile(int T, const uint8_t *group, int64_t nsb, const r16_x
         const uint8_t *blk = group + b * R16_K_BYTES;
         if (T == 1) {
             prefetch_stream(blk, R16_K_BYTES, end);
-            touch_stream_lines(blk, R16_K_BYTES, end, HINTED_TOUCH_LINES);
+            touch_stream_lines(blk, R16_K_BYTES, end, K_TOUCH_LINES);
         }
         __m512i sc[8], mp[4], isum[K16_TILE_T];
         k16_scales(blk, sc, mp);
@@ -526,7 +527,7 @@ TGT_Q INLINE void k6_tile(int T, const uint8_t *group, int64_t nsb, const r16_x 
         const uint8_t *blk = group + b * R16_K6_BYTES;
         if (T == 1) {
             prefetch_stream(blk, R16_K6_BYTES, end);
-            touch_stream_lines(blk, R16_K6_BYTES, end, HINTED_TOUCH_LINES);
+            touch_stream_lines(blk, R16_K6_BYTES, end, K_TOUCH_LINES);
         }
         __m512i isum[K6_TILE_T];
         for (int t = 0; t < T; t++)
