@@ -477,6 +477,50 @@ static void test_act_forms(void **state)
     assert_int_equal(blade_act_form(BLADE_TYPE_Q8_K), BLADE_ACT_FORM_NONE);
 }
 
+/* F16 and BF16 rows (the KV store's) round as the one-value functions do on every ISA:
+ * ties, subnormal results, overflow, signed zeros, infinities and NaNs with payloads,
+ * then random bit patterns over the whole range; n leaves a tail after the vectors. */
+static void test_row_from_float(void **state)
+{
+    (void)state;
+    enum { N = 1003 };
+    const uint32_t bits[] = {
+        0x00000000, 0x80000000, 0x3f801000, /* 1 + 2^-11: a tie, to even 1.0 in f16 */
+        0x3f803000, /* 1 + 3 * 2^-11: a tie, up */
+        0x33000000, /* 2^-25: half the smallest f16 subnormal, ties to zero */
+        0x33000001, 0x33c00000, 0x387fc000, /* subnormal results */
+        0x477fe000, 0x477fefff, 0x477ff000, /* 65504, just below 65520, 65520 (to inf) */
+        0x7f7fffff, 0x7f800000, 0xff800000, 0x7fc00000, 0xffc00123, 0x7f800001, 0x7fbfe000,
+        0x3f808000, 0x3f818000, /* bf16 ties */
+        0x00000001, 0x807fffff, /* f32 subnormals */
+    };
+    const size_t n_fixed = sizeof bits / sizeof bits[0];
+    float x[N];
+    for (int i = 0; i < N; i++) {
+        uint32_t b = i < (int)n_fixed ? bits[i] : (uint32_t)next_u64();
+        memcpy(&x[i], &b, sizeof b);
+    }
+    const uint32_t types[] = {BLADE_TYPE_F16, BLADE_TYPE_BF16};
+    blade_isa saved = blade_isa_active();
+    for (int isa = 0; isa < BLADE_ISA_COUNT; isa++) {
+        if (!blade_isa_supported((blade_isa)isa))
+            continue;
+        blade_isa_set((blade_isa)isa);
+        for (int t = 0; t < 2; t++) {
+            uint16_t out[N];
+            blade_row_from_float(types[t], x, out, N);
+            for (int i = 0; i < N; i++) {
+                uint16_t want = types[t] == BLADE_TYPE_F16 ? blade_fp32_to_fp16(x[i]) : blade_fp32_to_bf16(x[i]);
+                if (out[i] != want)
+                    fail_msg("%s, %s, element %d (bits %08x): %04x, want %04x", blade_isa_name((blade_isa)isa),
+                             types[t] == BLADE_TYPE_F16 ? "f16" : "bf16", i, i < (int)n_fixed ? bits[i] : 0u,
+                             out[i], want);
+            }
+        }
+    }
+    blade_isa_set(saved);
+}
+
 /* The vector converters must write exactly the portable converter's bytes, special
  * values included, since rows are shared across ISAs. */
 static void test_act_convert_isas(void **state)
@@ -563,6 +607,7 @@ int main(void)
         cmocka_unit_test(test_act_convert),
         cmocka_unit_test(test_act_convert_isas),
         cmocka_unit_test(test_act_forms),
+        cmocka_unit_test(test_row_from_float),
         cmocka_unit_test(test_repack),
         cmocka_unit_test(test_invariance_float),
         cmocka_unit_test(test_invariance_q32),

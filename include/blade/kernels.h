@@ -50,6 +50,9 @@ uint32_t blade_act_form(uint32_t weight_type);
 size_t blade_act_row_bytes(uint32_t weight_type, int64_t n);
 /* Converts one activation row (n floats) for weights of this type. */
 void blade_act_convert(uint32_t weight_type, const float *x, void *out, int64_t n);
+/* Rounds n floats to BLADE_TYPE_F16 or BLADE_TYPE_BF16 at out, to nearest even, bit for bit
+ * as blade_fp32_to_fp16 / blade_fp32_to_bf16 do, with the active ISA's instructions. */
+void blade_row_from_float(uint32_t type, const float *x, void *out, int64_t n);
 
 /* Y[t * ldy + r] = dot(W row r, X row t) for r in [r0, r1), t in [0, n_tok).
  * W rows are n elements of weight_type, w_stride bytes apart (blade_matmul_row_bytes; for

@@ -29,7 +29,7 @@ __attribute__((target("avx2"))) static uint64_t read_avx2(const uint8_t *p, size
 {
     __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
     for (size_t i = 0; i + 128 <= n; i += 128) {
-        prefetch_stream(p + i, 128, p + n);
+        prefetch_stream(p + i, 128);
         touch_stream(p + i, 128, p + n);
         a = _mm256_or_si256(a, _mm256_load_si256((const __m256i *)(p + i)));
         b = _mm256_or_si256(b, _mm256_load_si256((const __m256i *)(p + i + 32)));
@@ -45,7 +45,7 @@ static uint64_t read_scalar(const uint8_t *p, size_t n)
 {
     uint64_t a = 0, b = 0, v0, v1;
     for (size_t i = 0; i + 16 <= n; i += 16) {
-        prefetch_stream(p + i, 16, p + n);
+        prefetch_stream(p + i, 16);
         touch_stream(p + i, 16, p + n);
         memcpy(&v0, p + i, 8);
         memcpy(&v1, p + i + 8, 8);

@@ -207,7 +207,8 @@ static inline r16_x r16_token(uint32_t ktype, const void *row, int64_t n, int32_
 /* Vector activation converters, byte-identical to the portable ones (the same IEEE
  * operations element by element; NaNs are ignored by the block maximum and quantize to
  * -127 in both). They fill the arrays of a row that blade_act_convert has zeroed. Chosen
- * by activation form (blade_act_form); NULL for forms without one. */
+ * by activation form (blade_act_form), or by F16 for blade_row_from_float; NULL for forms
+ * without one. */
 typedef void (*blade_act_fn)(const float *x, void *out, int64_t n);
 blade_act_fn blade_act_avx2_converter(uint32_t form);
 blade_act_fn blade_act_avx512_converter(uint32_t form);

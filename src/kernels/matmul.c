@@ -106,6 +106,22 @@ static void convert_k(const float *x, uint8_t *out, int64_t n)
         sum16[g] = (int16_t)sum_q(q + g * 16, 16);
 }
 
+/* The active ISA's converter of a float row into the form, or NULL for the portable one.
+ * An AVX-512 machine also runs the AVX2 converters the AVX-512 file has no better one for. */
+static blade_act_fn converter_for(uint32_t form)
+{
+#if defined(__x86_64__)
+    blade_isa isa = blade_isa_active();
+    blade_act_fn fn = isa == BLADE_ISA_AVX512 ? blade_act_avx512_converter(form) : NULL;
+    if (!fn && isa >= BLADE_ISA_AVX2)
+        fn = blade_act_avx2_converter(form);
+    return fn;
+#else
+    (void)form;
+    return NULL;
+#endif
+}
+
 void blade_act_convert(uint32_t weight_type, const float *x, void *out, int64_t n)
 {
     uint32_t form = blade_act_form(weight_type);
@@ -113,16 +129,11 @@ void blade_act_convert(uint32_t weight_type, const float *x, void *out, int64_t 
     /* Zeroing first makes every padding byte an exact zero for the kernels' whole-vector
      * loads; the cost is small next to the conversion itself. */
     memset(out, 0, bytes);
-#if defined(__x86_64__)
-    blade_isa isa = blade_isa_active();
-    blade_act_fn fn = isa == BLADE_ISA_AVX512 ? blade_act_avx512_converter(form)
-                      : isa == BLADE_ISA_AVX2 ? blade_act_avx2_converter(form)
-                                              : NULL;
+    blade_act_fn fn = converter_for(form);
     if (fn) {
         fn(x, out, n);
         return;
     }
-#endif
     switch (form) {
     case BLADE_TYPE_F32:
         memcpy(out, x, (size_t)n * sizeof(float));
@@ -139,6 +150,17 @@ void blade_act_convert(uint32_t weight_type, const float *x, void *out, int64_t 
     default:
         break;
     }
+}
+
+void blade_row_from_float(uint32_t type, const float *x, void *out, int64_t n)
+{
+    blade_act_fn fn = converter_for(type);
+    if (fn)
+        fn(x, out, n);
+    else if (type == BLADE_TYPE_F16)
+        blade_f16_from_float(x, out, n);
+    else
+        blade_bf16_from_float(x, out, n);
 }
 
 static blade_matmul_fn kernel_for(uint32_t type, blade_isa isa)

@@ -362,7 +362,7 @@ TGT_Q INLINE void r16_tile(bool q4, int T, const uint8_t *group, int64_t nb, con
     for (int64_t b = 0; b < nb; b++) {
         r16_w w;
         if (T == 1) {
-            prefetch_stream(group + b * bb, bb, end);
+            prefetch_stream(group + b * bb, bb);
             touch_stream(group + b * bb, bb, end);
         }
         r16_load(q4, q4 && T == 1, group + b * bb, &w);
@@ -431,7 +431,7 @@ TGT_Q INLINE void k16_tile(int T, const uint8_t *group, int64_t nsb, const r16_x
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = group + b * R16_K_BYTES;
         if (T == 1) {
-            prefetch_stream(blk, R16_K_BYTES, end);
+            prefetch_stream(blk, R16_K_BYTES);
             touch_stream_lines(blk, R16_K_BYTES, end, K_TOUCH_LINES);
         }
         __m512i sc[8], mp[4], isum[K16_TILE_T];
@@ -526,7 +526,7 @@ TGT_Q INLINE void k6_tile(int T, const uint8_t *group, int64_t nsb, const r16_x 
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = group + b * R16_K6_BYTES;
         if (T == 1) {
-            prefetch_stream(blk, R16_K6_BYTES, end);
+            prefetch_stream(blk, R16_K6_BYTES);
             touch_stream_lines(blk, R16_K6_BYTES, end, K_TOUCH_LINES);
         }
         __m512i isum[K6_TILE_T];
@@ -928,7 +928,7 @@ TGT_F INLINE float f_row(enum f_kind kind, const uint8_t *row, const float *x, i
         p[k] = _mm512_setzero_ps();
     int64_t u = 0;
     for (; u + F_STRIPES <= nu; u += F_STRIPES) {
-        prefetch_stream(row + unit_bytes * (size_t)u, F_STRIPES * unit_bytes, end);
+        prefetch_stream(row + unit_bytes * (size_t)u, F_STRIPES * unit_bytes);
         for (int k = 0; k < F_STRIPES; k++)
             p[k] = _mm512_fmadd_ps(f_load(kind, row, u + k, (__mmask16)0xFFFF), _mm512_loadu_ps(x + 16 * (u + k)), p[k]);
     }
@@ -986,7 +986,7 @@ TGT_BF INLINE float bf16_row(const uint8_t *row, const uint16_t *x, int64_t n, c
         p[k] = _mm512_setzero_ps();
     int64_t u = 0;
     for (; u + F_STRIPES <= nu; u += F_STRIPES) {
-        prefetch_stream(row + 64 * (size_t)u, F_STRIPES * 64, end);
+        prefetch_stream(row + 64 * (size_t)u, F_STRIPES * 64);
         for (int k = 0; k < F_STRIPES; k++)
             p[k] = _mm512_dpbf16_ps(p[k], (__m512bh)_mm512_loadu_si512(row + 64 * (u + k)),
                                     (__m512bh)_mm512_loadu_si512(x + 32 * (u + k)));

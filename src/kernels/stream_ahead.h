@@ -48,14 +48,16 @@ static inline void touch_stream(const uint8_t *at, size_t bytes, const uint8_t *
 }
 
 /* Non-temporal prefetch of the cache lines that begin in [at, at + bytes) moved
- * STREAM_AHEAD on, those below end. Called for consecutive parts of a stream, it asks for
- * every line once. */
-static inline void prefetch_stream(const uint8_t *at, size_t bytes, const uint8_t *end)
+ * STREAM_AHEAD on. Called for consecutive parts of a stream, it asks for every line once.
+ * It runs on past the rows of the call: a product hands a thread consecutive pieces of
+ * its share (work_share.c), so the next piece usually starts where this one ends, and
+ * stopping at the end of each piece made every piece start cold (decode's output
+ * projection measured 3-10% slower that way). A prefetch never faults, so running past
+ * the end of the matrix costs at most STREAM_AHEAD bytes of reading. */
+static inline void prefetch_stream(const uint8_t *at, size_t bytes)
 {
     uintptr_t from = ((uintptr_t)at + STREAM_AHEAD + 63) & ~(uintptr_t)63;
     uintptr_t to = (uintptr_t)at + STREAM_AHEAD + bytes;
-    if (to > (uintptr_t)end)
-        to = (uintptr_t)end;
     for (uintptr_t line = from; line < to; line += 64)
         __builtin_prefetch((const void *)line, 0, 0);
 }

@@ -1,5 +1,6 @@
 #include "blade/kv_store.h"
 
+#include "blade/kernels.h"
 #include "blade/types.h"
 
 #include <errno.h>
@@ -157,12 +158,10 @@ static void write_row(blade_kv_type type, uint8_t *dst, const float *src, int32_
         memcpy(dst, src, (size_t)n * sizeof(float));
         break;
     case BLADE_KV_F16:
-        for (int32_t i = 0; i < n; i++)
-            ((uint16_t *)dst)[i] = blade_fp32_to_fp16(src[i]);
+        blade_row_from_float(BLADE_TYPE_F16, src, dst, n);
         break;
     case BLADE_KV_BF16:
-        for (int32_t i = 0; i < n; i++)
-            ((uint16_t *)dst)[i] = blade_fp32_to_bf16(src[i]);
+        blade_row_from_float(BLADE_TYPE_BF16, src, dst, n);
         break;
     }
 }
