@@ -477,6 +477,92 @@ static void test_act_forms(void **state)
     assert_int_equal(blade_act_form(BLADE_TYPE_Q8_K), BLADE_ACT_FORM_NONE);
 }
 
+/* RMSNorm: the same bits on every ISA for lengths with and without a tail (the runner's
+ * batch invariance and its agreement across machines rest on it), in place too, and
+ * within float rounding of a plain double computation. */
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    enum { N = 2053 };
+    static float x[N], w[N], want[N], got[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = 3.0f * sample();
+        w[i] = 1.0f + sample();
+    }
+    const int64_t lengths[] = {1, 7, 8, 61, 64, 2048, N};
+    for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+        int64_t n = lengths[li];
+        blade_isa saved = blade_isa_active();
+        blade_isa_set(BLADE_ISA_SCALAR);
+        blade_rmsnorm(want, x, w, n, 1e-6f);
+        double ss = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            ss += (double)x[i] * x[i];
+        double scale = 1.0 / sqrt(ss / (double)n + 1e-6f);
+        for (int64_t i = 0; i < n; i++)
+            assert_true(fabs(want[i] - x[i] * scale * w[i]) <= 1e-6 * fabs(x[i] * scale * w[i]) + 1e-12);
+        for (int isa = 0; isa < BLADE_ISA_COUNT; isa++) {
+            if (!blade_isa_supported((blade_isa)isa))
+                continue;
+            blade_isa_set((blade_isa)isa);
+            blade_rmsnorm(got, x, w, n, 1e-6f);
+            if (memcmp(got, want, sizeof(float) * (size_t)n) != 0)
+                fail_msg("%s: RMSNorm of %lld elements differs from the scalar path", blade_isa_name((blade_isa)isa),
+                         (long long)n);
+            memcpy(got, x, sizeof(float) * (size_t)n);
+            blade_rmsnorm(got, got, w, n, 1e-6f);
+            assert_memory_equal(got, want, sizeof(float) * (size_t)n);
+        }
+        blade_isa_set(saved);
+    }
+}
+
+/* SwiGLU against double precision on every ISA, special values included; the runs layout
+ * of a fused gate/up output; and an element's bits independent of where a call's range
+ * starts or ends (threads split rows at any point). */
+static void test_swiglu(void **state)
+{
+    (void)state;
+    enum { N = 203 };
+    float g[N], u[N], out[N], part[N];
+    const float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 30.0f, -30.0f, 87.5f, -87.5f, 100.0f, -100.0f, 1e30f, -1e30f};
+    const int n_special = (int)(sizeof special / sizeof special[0]);
+    for (int i = 0; i < N; i++) {
+        g[i] = i < n_special ? special[i] : 12.0f * sample();
+        u[i] = sample();
+    }
+    blade_isa saved = blade_isa_active();
+    for (int isa = 0; isa < BLADE_ISA_COUNT; isa++) {
+        if (!blade_isa_supported((blade_isa)isa))
+            continue;
+        blade_isa_set((blade_isa)isa);
+        blade_swiglu(g, u, out, 1, N, 0);
+        for (int i = 0; i < N; i++) {
+            double want = (double)g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+            if (!(fabs(out[i] - want) <= 1e-6 * fabs(want) + 1e-30)) /* below e^-87 the exponential is 0 */
+                fail_msg("%s: element %d, gate %g: %.9g, want %.9g", blade_isa_name((blade_isa)isa), i, g[i], out[i],
+                         want);
+        }
+        for (int cut = 1; cut < 40; cut += 3) {
+            blade_swiglu(g, u, part, 1, cut, 0);
+            blade_swiglu(g + cut, u + cut, part + cut, 1, N - cut, 0);
+            assert_memory_equal(part, out, sizeof out);
+        }
+        /* three runs of 5 pairs, 11 floats apart: gate at 0..4, up at 5..9 */
+        float runs[3 * 11], got[15], want[15];
+        for (int i = 0; i < 33; i++)
+            runs[i] = 4.0f * sample();
+        blade_swiglu(runs, runs + 5, got, 3, 5, 11);
+        for (int k = 0; k < 3; k++)
+            blade_swiglu(runs + 11 * k, runs + 11 * k + 5, want + 5 * k, 1, 5, 0);
+        assert_memory_equal(got, want, sizeof got);
+        memcpy(part, g, sizeof g);
+        blade_swiglu(part, u, part, 1, N, 0);
+        assert_memory_equal(part, out, sizeof out);
+    }
+    blade_isa_set(saved);
+}
+
 /* F16 and BF16 rows (the KV store's) round as the one-value functions do on every ISA:
  * ties, subnormal results, overflow, signed zeros, infinities and NaNs with payloads,
  * then random bit patterns over the whole range; n leaves a tail after the vectors. */
@@ -607,6 +693,8 @@ int main(void)
         cmocka_unit_test(test_act_convert),
         cmocka_unit_test(test_act_convert_isas),
         cmocka_unit_test(test_act_forms),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_row_from_float),
         cmocka_unit_test(test_repack),
         cmocka_unit_test(test_invariance_float),

@@ -50,6 +50,15 @@ uint32_t blade_act_form(uint32_t weight_type);
 size_t blade_act_row_bytes(uint32_t weight_type, int64_t n);
 /* Converts one activation row (n floats) for weights of this type. */
 void blade_act_convert(uint32_t weight_type, const float *x, void *out, int64_t n);
+/* out = x / sqrt(mean(x^2) + eps) * w over n elements, the same bits on every ISA; out may
+ * be x. */
+void blade_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+
+/* out[k * run + i] = SiLU(gate[k * stride + i]) * up[k * stride + i] for k < n_runs,
+ * i < run: runs of a fused gate/up output (gate rows, then their up rows), or one plain run.
+ * out may be gate. The ISAs agree to a few 1e-7 relative. */
+void blade_swiglu(const float *gate, const float *up, float *out, int64_t n_runs, int64_t run, int64_t stride);
+
 /* Rounds n floats to BLADE_TYPE_F16 or BLADE_TYPE_BF16 at out, to nearest even, bit for bit
  * as blade_fp32_to_fp16 / blade_fp32_to_bf16 do, with the active ISA's instructions. */
 void blade_row_from_float(uint32_t type, const float *x, void *out, int64_t n);

@@ -14,32 +14,6 @@
  * over keys or over head_dim, so a vectorizing compiler speeds them up without changing
  * any result. */
 
-static float exp_scalar(float x)
-{
-    if (x < ATTN_EXP_MIN)
-        return 0.0f;
-    /* Converting NaN to int would be undefined. */
-    if (isnan(x))
-        return x;
-    /* x <= 0, so truncating x * log2(e) - 0.5 toward zero rounds to nearest. */
-    int n = (int)(x * ATTN_LOG2E - 0.5f);
-    float fn = (float)n;
-    float r = x - fn * ATTN_LN2_HI;
-    r = r - fn * ATTN_LN2_LO;
-    float y = ATTN_C7;
-    y = y * r + ATTN_C6;
-    y = y * r + ATTN_C5;
-    y = y * r + ATTN_C4;
-    y = y * r + ATTN_C3;
-    y = y * r + ATTN_C2;
-    y = y * r + 1.0f;
-    y = y * r + 1.0f;
-    uint32_t bits = (uint32_t)(n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return y * scale;
-}
-
 static float load_elem(blade_kv_type type, const uint8_t *src, size_t i)
 {
     switch (type) {
@@ -92,7 +66,7 @@ static void row_scalar(const attn_tile *t, const float *q, float *o, int32_t nv,
     const float m_new = t->first || m_tile > *m ? m_tile : *m;
     float sum = 0.0f;
     for (int32_t j = 0; j < nv; j++) {
-        p[j] = exp_scalar(p[j] - m_new);
+        p[j] = exp_neg_scalar(p[j] - m_new);
         sum += p[j];
     }
 
@@ -107,7 +81,7 @@ static void row_scalar(const attn_tile *t, const float *q, float *o, int32_t nv,
         memcpy(o, acc, (size_t)hd * sizeof *o);
         *l = sum;
     } else {
-        const float alpha = exp_scalar(*m - m_new);
+        const float alpha = exp_neg_scalar(*m - m_new);
         for (int32_t d = 0; d < hd; d++)
             o[d] = o[d] * alpha + acc[d];
         *l = *l * alpha + sum;

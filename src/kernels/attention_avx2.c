@@ -8,25 +8,6 @@
 #define A2 __attribute__((target("avx2,fma,f16c")))
 #define A2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 
-A2_INLINE __m256 exp256(__m256 x)
-{
-    const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(ATTN_EXP_MIN), _CMP_LT_OQ);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(ATTN_LOG2E)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(ATTN_LN2_HI), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(ATTN_LN2_LO), r);
-    __m256 y = _mm256_set1_ps(ATTN_C7);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(ATTN_C6));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(ATTN_C5));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(ATTN_C4));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(ATTN_C3));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(ATTN_C2));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
-}
-
 A2_INLINE float hmax256(__m256 v)
 {
     __m128 b = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -148,7 +129,7 @@ A2_INLINE float probs256(float *s, int32_t nv, float m_new)
     const __m256 mv = _mm256_set1_ps(m_new);
     __m256 vsum = _mm256_setzero_ps();
     for (int32_t j0 = 0; j0 < nv; j0 += 8) {
-        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j0), mv));
+        const __m256 e = exp_neg_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j0), mv));
         _mm256_storeu_ps(s + j0, e);
         vsum = _mm256_add_ps(vsum, e);
     }
@@ -224,7 +205,7 @@ A2 static void rows_avx2(const attn_tile *t, const attn_row *r, int n)
         m_new[i] = t->first || m_tile > *r[i].m ? m_tile : *r[i].m;
         diff[i] = t->first ? 0.0f : *r[i].m - m_new[i];
     }
-    _mm256_storeu_ps(alpha, exp256(_mm256_loadu_ps(diff)));
+    _mm256_storeu_ps(alpha, exp_neg_avx2(_mm256_loadu_ps(diff)));
     for (int i = 0; i < n; i++) {
         const float sum = probs256(t->p + (size_t)i * bp, r[i].n_valid, m_new[i]);
         *r[i].l = t->first ? sum : *r[i].l * alpha[i] + sum;

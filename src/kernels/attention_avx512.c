@@ -8,25 +8,6 @@
 #define A512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 #define A512_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,fma,f16c")))
 
-A512_INLINE __m512 exp512(__m512 x)
-{
-    const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(ATTN_EXP_MIN), _CMP_LT_OQ);
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(ATTN_LOG2E)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ATTN_LN2_HI), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(ATTN_LN2_LO), r);
-    __m512 y = _mm512_set1_ps(ATTN_C7);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(ATTN_C6));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(ATTN_C5));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(ATTN_C4));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(ATTN_C3));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(ATTN_C2));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0f));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
-}
-
 A512_INLINE __m256 high256(__m512 v)
 {
     return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
@@ -169,7 +150,7 @@ A512_INLINE float probs512(float *s, int32_t nv, float m_new)
     const __m512 mv = _mm512_set1_ps(m_new);
     __m512 vsum = _mm512_setzero_ps();
     for (int32_t j0 = 0; j0 < nv; j0 += 16) {
-        const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j0), mv));
+        const __m512 e = exp_neg_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + j0), mv));
         _mm512_storeu_ps(s + j0, e);
         vsum = _mm512_add_ps(vsum, e);
     }
@@ -254,7 +235,7 @@ A512 static void rows_avx512(const attn_tile *t, const attn_row *r, int n)
         diff[i] = t->first ? 0.0f : *r[i].m - m_new[i];
     }
     _Static_assert(ATTN_ROWS <= 16, "one vector of rescale factors");
-    _mm512_storeu_ps(alpha, exp512(_mm512_loadu_ps(diff)));
+    _mm512_storeu_ps(alpha, exp_neg_avx512(_mm512_loadu_ps(diff)));
     for (int i = 0; i < n; i++) {
         const float sum = probs512(t->p + (size_t)i * bp, r[i].n_valid, m_new[i]);
         *r[i].l = t->first ? sum : *r[i].l * alpha[i] + sum;

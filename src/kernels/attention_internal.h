@@ -12,6 +12,7 @@
  * whose shape could depend on anything but the query; values as [slot][head_dim]. */
 
 #include "blade/kv_store.h"
+#include "exp_neg.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -57,20 +58,5 @@ typedef struct attn_isa {
 extern const attn_isa blade_attn_avx2;
 extern const attn_isa blade_attn_avx512;
 #endif
-
-/* exp(x) for x <= 0 (or NaN): argument reduction to r in [-ln2/2, ln2/2] and the degree-7
- * Taylor polynomial, whose truncation error (r^8/8! < 6e-9) is below float rounding.
- * Results under e^-87 flush to 0, which the callers' sums cannot notice. Shared constants
- * keep the ISA paths' versions the same function. */
-#define ATTN_EXP_MIN (-87.0f)
-#define ATTN_LOG2E 1.44269504088896341f
-#define ATTN_LN2_HI 0.693359375f /* 355/512: n * ATTN_LN2_HI is exact for |n| < 2^15 */
-#define ATTN_LN2_LO (-2.12194440054690583e-4f)
-#define ATTN_C2 (1.0f / 2)
-#define ATTN_C3 (1.0f / 6)
-#define ATTN_C4 (1.0f / 24)
-#define ATTN_C5 (1.0f / 120)
-#define ATTN_C6 (1.0f / 720)
-#define ATTN_C7 (1.0f / 5040)
 
 #endif

@@ -204,26 +204,6 @@ typedef struct step {
     const int32_t *row_map;         /* act row i is built from in row row_map[i] (NULL: identity) */
 } step;
 
-/* The sum of squares runs in interleaved partial sums combined in a fixed tree: a single
- * chain of dependent double additions made the norm a long serial stretch of the decode
- * step, with the other threads waiting. */
-#define NORM_PARTIALS 8
-
-static void rmsnorm_row(float *out, const float *x, const float *w, int64_t n, float eps)
-{
-    double part[NORM_PARTIALS] = {0.0};
-    int64_t i = 0;
-    for (; i + NORM_PARTIALS <= n; i += NORM_PARTIALS)
-        for (int k = 0; k < NORM_PARTIALS; k++)
-            part[k] += (double)x[i + k] * x[i + k];
-    for (; i < n; i++)
-        part[i % NORM_PARTIALS] += (double)x[i] * x[i];
-    double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-    float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
-    for (i = 0; i < n; i++)
-        out[i] = x[i] * scale * w[i];
-}
-
 static const float *f32_vector(const blade_weight *w)
 {
     return (const float *)w->data;
@@ -249,7 +229,7 @@ static void task_norm_convert(void *ctx, int ith, int nth)
         }
         const float *y = x;
         if (s->norm) {
-            rmsnorm_row(row, x, f32_vector(s->norm), s->in_width, r->m->hp.rms_eps);
+            blade_rmsnorm(row, x, f32_vector(s->norm), s->in_width, r->m->hp.rms_eps);
             y = row;
         }
         blade_act_convert(s->in_type_of->type, y, (uint8_t *)r->act + i * r->act_stride, s->in_width);
@@ -266,7 +246,12 @@ static void run_norm_convert(step *s, float *in, float *add_to_in, int64_t width
     s->in_type_of = for_weight;
     s->n_rows = n_rows;
     s->row_map = row_map;
-    blade_threadpool_run(s->r->pool, task_norm_convert, s);
+    /* One row (a decode step) is the calling thread's alone: going through the pool would
+     * only add a handoff to a worker with nothing to do. */
+    if (n_rows == 1)
+        task_norm_convert(s, 0, 1);
+    else
+        blade_threadpool_run(s->r->pool, task_norm_convert, s);
 }
 
 /* Runs a task that takes its row units from the runner's work share. */
@@ -355,7 +340,7 @@ static void head_post(float *head, int64_t index, const blade_weight *bias, cons
     int hd = hp->head_dim;
     add_bias(head, bias, index * hd, hd);
     if (norm && norm->data)
-        rmsnorm_row(head, head, f32_vector(norm), hd, hp->rms_eps);
+        blade_rmsnorm(head, head, f32_vector(norm), hd, hp->rms_eps);
     if (rotate)
         rope_head(head, hp, cos_t, sin_t);
 }
@@ -412,11 +397,6 @@ static void task_attention(void *ctx, int ith, int nth)
     }
 }
 
-static float silu(float x)
-{
-    return x / (1.0f + expf(-x));
-}
-
 /* Gate and up from the fused matrix (model.h), a piece of group pairs at a time: one weight
  * stream, then SiLU(gate)·up of the piece's rows while both are hot. */
 static void task_gate_up(void *ctx, int ith, int nth)
@@ -431,11 +411,8 @@ static void task_gate_up(void *ctx, int ith, int nth)
         blade_matmul(gu->type, gu->data, weight_stride(gu), r->act, r->act_stride, gu->n_in, r->up, gu->n_out,
                      s->n_tokens, 2 * G * pb, 2 * G * pe);
         for (int64_t t = 0; t < s->n_tokens; t++) {
-            const float *y = r->up + t * 2 * n_ff;
-            float *out = r->ffn + t * n_ff;
-            for (int64_t p = pb; p < pe; p++)
-                for (int64_t i = 0; i < G; i++)
-                    out[p * G + i] = silu(y[2 * G * p + i]) * y[2 * G * p + G + i];
+            const float *y = r->up + t * 2 * n_ff + 2 * G * pb;
+            blade_swiglu(y, y + G, r->ffn + t * n_ff + G * pb, pe - pb, G, 2 * G);
         }
     }
 }
@@ -446,8 +423,7 @@ static void task_swiglu(void *ctx, int ith, int nth)
     blade_runner *r = s->r;
     int64_t b, e;
     split((int64_t)s->n_tokens * r->m->hp.n_ff, ith, nth, &b, &e);
-    for (int64_t i = b; i < e; i++)
-        r->ffn[i] = silu(r->ffn[i]) * r->up[i];
+    blade_swiglu(r->ffn + b, r->up + b, r->ffn + b, 1, e - b, 0);
 }
 
 /* Adds the pending residual delta (when given), then normalises the residual stream once
