@@ -7,7 +7,8 @@
  * sigmoid(g) = e^g / (1 + e^g). Every path performs the same IEEE operations after the
  * exponential, so the ISAs differ only where their exponentials do. A decode step calls it
  * between the pieces of the fused gate/up product, where the library's expf, one value at
- * a time, held up the thread's weight stream for about 5% of the product's time. */
+ * a time, held up the weight stream: tinyllama's 5632 values per layer took 20.8 us that
+ * way against 2.6 us here, while the product streams in about 200 us. */
 
 static void swiglu_scalar(const float *gate, const float *up, float *out, int64_t n)
 {
