@@ -13,8 +13,8 @@
  * argument is made non-positive: argument reduction to r in [-ln2/2, ln2/2] and the degree-7
  * Taylor polynomial, whose truncation error (r^8/8! < 6e-9) is below float rounding.
  * Results under e^-87 flush to 0, which the callers cannot notice. Shared constants keep
- * the ISA paths' versions the same function; they differ only in the vector paths' fused
- * multiply-adds, a few 1e-8 relative. */
+ * the ISA paths' versions the same function; they differ only where the vector paths fuse
+ * a multiply with an add. */
 #define EXP_NEG_MIN (-87.0f)
 #define EXP_NEG_LOG2E 1.44269504088896341f
 #define EXP_NEG_LN2_HI 0.693359375f /* 355/512: n * EXP_NEG_LN2_HI is exact for |n| < 2^15 */
