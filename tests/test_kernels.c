@@ -649,6 +649,47 @@ static void test_act_convert_isas(void **state)
     free(x);
 }
 
+/* ---- GFNI ----
+ * Where the CPU has GFNI, the AVX-512 Q6_K R16 kernel decodes with it; the decoding
+ * without it still serves AVX-512 CPUs that lack it. Both must give the scalar kernel's
+ * bits, for one token (the decode path) and for tiles of several. */
+
+static void test_q6_k_gfni(void **state)
+{
+    (void)state;
+#if defined(__x86_64__)
+    const blade_cpu_features *f = blade_cpu_get_features();
+    if (!blade_isa_supported(BLADE_ISA_AVX512) || !f->avx512vnni || !f->gfni)
+        skip();
+    blade_cpu_features without = *f;
+    without.gfni = false;
+    blade_matmul_fn fns[2] = {blade_matmul_avx512_kernel(BLADE_KTYPE_Q6_K_R16, f),
+                              blade_matmul_avx512_kernel(BLADE_KTYPE_Q6_K_R16, &without)};
+    blade_matmul_fn scalar = blade_matmul_scalar_kernel(BLADE_KTYPE_Q6_K_R16);
+    assert_true(fns[0] && fns[1] && fns[0] != fns[1]);
+    const int64_t n = 3 * 256, rows = 3 * BLADE_R16_ROWS, ntok = 11;
+    mm_case c = make_case(BLADE_KTYPE_Q6_K_R16, n, rows, ntok);
+    size_t ybytes = sizeof(float) * (size_t)(rows * ntok);
+    float *ref = malloc(ybytes), *got = malloc(ybytes);
+    static const int64_t widths[] = {1, 2, 3, 8, 9, 11};
+    for (size_t w = 0; w < sizeof widths / sizeof widths[0]; w++) {
+        scalar(c.W, c.w_stride, c.X, c.x_stride, n, ref, rows, widths[w], 0, rows);
+        for (int k = 0; k < 2; k++) {
+            memset(got, 0xff, ybytes);
+            fns[k](c.W, c.w_stride, c.X, c.x_stride, n, got, rows, widths[w], 0, rows);
+            if (memcmp(ref, got, sizeof(float) * (size_t)(rows * widths[w])) != 0)
+                fail_msg("Q6_K_R16 %s GFNI, %lld tokens: differs from the scalar kernel", k ? "without" : "with",
+                         (long long)widths[w]);
+        }
+    }
+    free(ref);
+    free(got);
+    free_case(&c);
+#else
+    skip();
+#endif
+}
+
 /* ---- ISA selection ---- */
 
 static void test_isa(void **state)
@@ -697,6 +738,7 @@ int main(void)
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_row_from_float),
         cmocka_unit_test(test_repack),
+        cmocka_unit_test(test_q6_k_gfni),
         cmocka_unit_test(test_invariance_float),
         cmocka_unit_test(test_invariance_q32),
         cmocka_unit_test(test_invariance_k),

@@ -26,6 +26,7 @@ typedef enum blade_isa {
 typedef struct blade_cpu_features {
     bool avx2, fma, f16c;
     bool avx512f, avx512bw, avx512vl, avx512vnni, avx512bf16;
+    bool gfni; /* Galois-field byte instructions: one-instruction bit moves within bytes */
 } blade_cpu_features;
 
 const blade_cpu_features *blade_cpu_get_features(void);

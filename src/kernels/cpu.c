@@ -48,6 +48,7 @@ static void detect(void)
     __cpuid_count(7, 0, a, b, c, d);
     unsigned max_sub7 = a;
     features.avx2 = b & (1u << 5);
+    features.gfni = c & (1u << 8);
     if (!os_avx512)
         return;
     features.avx512f = b & (1u << 16);
