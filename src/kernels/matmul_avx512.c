@@ -519,11 +519,11 @@ TGT_F INLINE __m512i bit_move(int from, int to, int n)
  * vector g, as bytes 0..63. Their top bits sit at bits 4i..4i+1 and 4i+2..4i+3 of the
  * quarter's top-bit chunks. With GFNI, one instruction moves a field to its place and
  * clears the rest of the byte, and one ternary-logic instruction merges the low nibble:
- * 5 operations per vector pair instead of 9, which made the one-token Q6_K kernel 1.08x
- * (5632 wide) to 1.17x (2048 wide) faster from L2 and Q4_K_M decode 1.09x (every one of
- * 10 rounds faster, switched inside one process). Without it, one shift of the chunk puts
- * the second sub-block's top bits at 4-5 and a further left shift by 2 the first's (16-bit
- * shifts: what crosses a byte is masked). */
+ * 5 operations per vector pair instead of 9. That made the one-token Q6_K kernel 1.09-1.22x
+ * faster from L2 on one thread (tiles of 2-16 tokens 1.02-1.06x) and Q4_K_M decode 1.09x
+ * (switched inside one process, every one of 10 rounds faster). Without GFNI, one shift of
+ * the chunk puts the second sub-block's top bits at 4-5 and a further left shift by 2 the
+ * first's (16-bit shifts: what crosses a byte is masked). */
 TGT_F INLINE void k6_pair(bool gfni, const uint8_t *q, int i, __m512i lo[4], __m512i hi[4])
 {
     const __m512i lo4 = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
