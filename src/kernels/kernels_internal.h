@@ -269,13 +269,13 @@ typedef void (*blade_matmul_fn)(const void *W, size_t w_stride, const void *X, s
                                 int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1);
 
 /* Defines `name`, a blade_matmul_fn with the target attribute TARGET, that runs
- * driver(arg, ...) with the same arguments: one driver serves the weight types it takes
- * as arg (a type, a kind or a flag). */
-#define BLADE_DRIVEN_KERNEL(TARGET, name, driver, arg)                                                                 \
+ * driver(args..., ...) with the same arguments: one driver serves the weight types (and
+ * instruction choices) it takes as its leading args (a type, a kind or a flag). */
+#define BLADE_DRIVEN_KERNEL(TARGET, name, driver, ...)                                                                 \
     TARGET static void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,       \
                             int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                        \
     {                                                                                                                  \
-        driver(arg, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                                               \
+        driver(__VA_ARGS__, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                                       \
     }
 
 /* NULL where the ISA file has no kernel for the type (or, for AVX-512, where the CPU

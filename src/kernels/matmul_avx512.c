@@ -591,8 +591,10 @@ TGT_Q INLINE void k6_tile(bool gfni, int T, const uint8_t *group, int64_t nsb, c
  * Tokens in chunks that stay in L2 while every row group of the range passes over them;
  * within a chunk, tiles of tokens against one group at a time. */
 
-TGT_Q INLINE void r16_matmul_with(uint32_t ktype, bool gfni, const void *W, size_t w_stride, const void *X,
-                                  size_t x_stride, int64_t n, float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+/* gfni: decode Q6_K with GFNI (k6_pair); only the Q6_K kernel chosen where the CPU has it
+ * passes true. */
+TGT_Q INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_stride, const void *X, size_t x_stride,
+                             int64_t n, float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
 {
     bool k4 = ktype == BLADE_KTYPE_Q4_K_R16, k6 = ktype == BLADE_KTYPE_Q6_K_R16;
     int64_t nb = n / r16_block_elems(ktype), per_token = r16_side_per_token(ktype, n);
@@ -633,23 +635,11 @@ TGT_Q INLINE void r16_matmul_with(uint32_t ktype, bool gfni, const void *W, size
         free(side);
 }
 
-TGT_Q INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
-                             float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
-{
-    r16_matmul_with(ktype, false, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
-}
-
-TGT_Q INLINE void r16_matmul_gfni(uint32_t ktype, const void *W, size_t w_stride, const void *X, size_t x_stride,
-                                  int64_t n, float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
-{
-    r16_matmul_with(ktype, true, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
-}
-
-BLADE_DRIVEN_KERNEL(TGT_Q, mm_q4_0_r16, r16_matmul, BLADE_KTYPE_Q4_0_R16)
-BLADE_DRIVEN_KERNEL(TGT_Q, mm_q8_0_r16, r16_matmul, BLADE_KTYPE_Q8_0_R16)
-BLADE_DRIVEN_KERNEL(TGT_Q, mm_q4_k_r16, r16_matmul, BLADE_KTYPE_Q4_K_R16)
-BLADE_DRIVEN_KERNEL(TGT_Q, mm_q6_k_r16, r16_matmul, BLADE_KTYPE_Q6_K_R16)
-BLADE_DRIVEN_KERNEL(TGT_Q, mm_q6_k_r16_gfni, r16_matmul_gfni, BLADE_KTYPE_Q6_K_R16)
+BLADE_DRIVEN_KERNEL(TGT_Q, mm_q4_0_r16, r16_matmul, BLADE_KTYPE_Q4_0_R16, false)
+BLADE_DRIVEN_KERNEL(TGT_Q, mm_q8_0_r16, r16_matmul, BLADE_KTYPE_Q8_0_R16, false)
+BLADE_DRIVEN_KERNEL(TGT_Q, mm_q4_k_r16, r16_matmul, BLADE_KTYPE_Q4_K_R16, false)
+BLADE_DRIVEN_KERNEL(TGT_Q, mm_q6_k_r16, r16_matmul, BLADE_KTYPE_Q6_K_R16, false)
+BLADE_DRIVEN_KERNEL(TGT_Q, mm_q6_k_r16_gfni, r16_matmul, BLADE_KTYPE_Q6_K_R16, true)
 
 /* ------------------------------------------------------------ Q4_K, Q5_K, Q6_K ----
  * Unit: a 256 super-block as four 64-byte vectors of unsigned quants in natural element
