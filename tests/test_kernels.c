@@ -650,23 +650,33 @@ static void test_act_convert_isas(void **state)
 }
 
 /* ---- GFNI ----
- * Where the CPU has GFNI, the AVX-512 Q6_K R16 kernel decodes with it; the decoding
- * without it still serves AVX-512 CPUs that lack it. Both must give the scalar kernel's
- * bits, for one token (the decode path) and for tiles of several. */
+ * Where the CPU has GFNI, the AVX-512 and AVX2 Q6_K R16 kernels decode with it; the
+ * decodings without it still serve CPUs that lack it. All four must give the scalar
+ * kernel's bits, for one token (the decode path) and for tiles of several. */
 
 static void test_q6_k_gfni(void **state)
 {
     (void)state;
 #if defined(__x86_64__)
     const blade_cpu_features *f = blade_cpu_get_features();
-    if (!blade_isa_supported(BLADE_ISA_AVX512) || !f->avx512vnni || !f->gfni)
+    if (!blade_isa_supported(BLADE_ISA_AVX2) || !f->gfni)
         skip();
     blade_cpu_features without = *f;
     without.gfni = false;
-    blade_matmul_fn fns[2] = {blade_matmul_avx512_kernel(BLADE_KTYPE_Q6_K_R16, f),
-                              blade_matmul_avx512_kernel(BLADE_KTYPE_Q6_K_R16, &without)};
+    bool avx512 = blade_isa_supported(BLADE_ISA_AVX512) && f->avx512vnni;
+    struct {
+        const char *name;
+        blade_matmul_fn fn;
+    } kernels[4] = {
+        {"AVX2 with GFNI", blade_matmul_avx2_kernel(BLADE_KTYPE_Q6_K_R16, f)},
+        {"AVX2 without GFNI", blade_matmul_avx2_kernel(BLADE_KTYPE_Q6_K_R16, &without)},
+        {"AVX-512 with GFNI", avx512 ? blade_matmul_avx512_kernel(BLADE_KTYPE_Q6_K_R16, f) : NULL},
+        {"AVX-512 without GFNI", avx512 ? blade_matmul_avx512_kernel(BLADE_KTYPE_Q6_K_R16, &without) : NULL},
+    };
+    const int n_kernels = avx512 ? 4 : 2;
+    for (int k = 0; k < n_kernels; k += 2)
+        assert_true(kernels[k].fn && kernels[k + 1].fn && kernels[k].fn != kernels[k + 1].fn);
     blade_matmul_fn scalar = blade_matmul_scalar_kernel(BLADE_KTYPE_Q6_K_R16);
-    assert_true(fns[0] && fns[1] && fns[0] != fns[1]);
     const int64_t n = 3 * 256, rows = 3 * BLADE_R16_ROWS, ntok = 11;
     mm_case c = make_case(BLADE_KTYPE_Q6_K_R16, n, rows, ntok);
     size_t ybytes = sizeof(float) * (size_t)(rows * ntok);
@@ -674,11 +684,11 @@ static void test_q6_k_gfni(void **state)
     static const int64_t widths[] = {1, 2, 3, 8, 9, 11};
     for (size_t w = 0; w < sizeof widths / sizeof widths[0]; w++) {
         scalar(c.W, c.w_stride, c.X, c.x_stride, n, ref, rows, widths[w], 0, rows);
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < n_kernels; k++) {
             memset(got, 0xff, ybytes);
-            fns[k](c.W, c.w_stride, c.X, c.x_stride, n, got, rows, widths[w], 0, rows);
+            kernels[k].fn(c.W, c.w_stride, c.X, c.x_stride, n, got, rows, widths[w], 0, rows);
             if (memcmp(ref, got, sizeof(float) * (size_t)(rows * widths[w])) != 0)
-                fail_msg("Q6_K_R16 %s GFNI, %lld tokens: differs from the scalar kernel", k ? "without" : "with",
+                fail_msg("Q6_K_R16 %s, %lld tokens: differs from the scalar kernel", kernels[k].name,
                          (long long)widths[w]);
         }
     }
@@ -715,12 +725,12 @@ static void test_isa(void **state)
         uint32_t t = all_types[i];
         bool needs_ext = t != BLADE_TYPE_F32 && t != BLADE_TYPE_F16;
         assert_true((blade_matmul_avx512_kernel(t, &plain) == NULL) == needs_ext);
-        assert_non_null(blade_matmul_avx2_kernel(t));
+        assert_non_null(blade_matmul_avx2_kernel(t, f));
         assert_non_null(blade_matmul_scalar_kernel(t));
     }
     for (size_t i = 0; i < sizeof r16_types / sizeof r16_types[0]; i++) {
         assert_null(blade_matmul_avx512_kernel(r16_types[i], &plain));
-        assert_non_null(blade_matmul_avx2_kernel(r16_types[i]));
+        assert_non_null(blade_matmul_avx2_kernel(r16_types[i], f));
         assert_non_null(blade_matmul_scalar_kernel(r16_types[i]));
     }
 #endif

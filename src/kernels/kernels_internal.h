@@ -278,10 +278,21 @@ typedef void (*blade_matmul_fn)(const void *W, size_t w_stride, const void *X, s
         driver(__VA_ARGS__, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                                       \
     }
 
+/* The 8x8 bit matrix of vgf2p8affineqb (output bit i of a byte is the parity of the byte
+ * AND byte 7-i of the matrix) that moves bits [from, from + n) of a byte to [to, to + n)
+ * and clears the others. The AVX2 and AVX-512 files decode Q6_K's 6-bit quants with it. */
+static inline uint64_t gf2_bit_move(int from, int to, int n)
+{
+    uint64_t m = 0;
+    for (int k = 0; k < n; k++)
+        m |= (uint64_t)(1u << (from + k)) << (8 * (7 - (to + k)));
+    return m;
+}
+
 /* NULL where the ISA file has no kernel for the type (or, for AVX-512, where the CPU
  * lacks the extension the kernel needs; blade_matmul then uses the AVX2 kernel). */
 blade_matmul_fn blade_matmul_scalar_kernel(uint32_t type);
-blade_matmul_fn blade_matmul_avx2_kernel(uint32_t type);
+blade_matmul_fn blade_matmul_avx2_kernel(uint32_t type, const blade_cpu_features *f);
 blade_matmul_fn blade_matmul_avx512_kernel(uint32_t type, const blade_cpu_features *f);
 
 #endif

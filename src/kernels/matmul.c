@@ -170,7 +170,7 @@ static blade_matmul_fn kernel_for(uint32_t type, blade_isa isa)
     if (isa == BLADE_ISA_AVX512)
         fn = blade_matmul_avx512_kernel(type, blade_cpu_get_features());
     if (!fn && isa >= BLADE_ISA_AVX2)
-        fn = blade_matmul_avx2_kernel(type);
+        fn = blade_matmul_avx2_kernel(type, blade_cpu_get_features());
 #else
     (void)isa;
 #endif

@@ -325,12 +325,44 @@ TGT INLINE void k16_tile(int T, const uint8_t *group, int h, int64_t nsb, const 
         _mm256_storeu_ps(Y + t * ldy + 8 * h, acc[t]);
 }
 
+/* vgf2p8affineqb on 32 bytes (the VEX form: AVX and GFNI), as gf2_affine in the AVX-512
+ * file, and written as asm for the same reason. */
+TGT INLINE __m256i gf2_affine256(__m256i x, uint64_t matrix)
+{
+    __m256i r, m = _mm256_set1_epi64x((long long)matrix);
+    __asm__("vgf2p8affineqb $0, %2, %1, %0" : "=x"(r) : "x"(x), "x"(m));
+    return r;
+}
+
+/* Sub-block j's quants as unsigned 6-bit values, elements 4g..4g+3 of its 8 rows (half h,
+ * already in q) in vector g. With GFNI, one instruction moves each field into place and
+ * clears the rest of the byte: 3 operations per vector instead of 5, which made this
+ * kernel 1.07-1.35x faster from L2 (1 to 16 tokens, one thread) and Q4_K_M decode on the
+ * AVX2 kernels 1.05x (switched inside one process, 7 of 8 rounds faster). */
+TGT INLINE void k6_sub_quants(bool gfni, const uint8_t *q, int j, __m256i w[4])
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    const int pair = j % 4 / 2;
+    for (int g = 0; g < 4; g++) { /* as k6_pair in the AVX-512 file */
+        __m256i l = _mm256_loadu_si256((const __m256i *)(q + 64 * (4 * pair + g)));
+        __m256i hb = _mm256_loadu_si256((const __m256i *)(q + 64 * (8 + g)));
+        if (gfni) {
+            __m256i t = gf2_affine256(hb, gf2_bit_move(4 * pair + 2 * (j % 2), 4, 2));
+            w[g] = _mm256_or_si256(j % 2 ? gf2_affine256(l, gf2_bit_move(4, 0, 4)) : _mm256_and_si256(l, lo4), t);
+        } else {
+            __m256i hs = pair == 0 ? _mm256_slli_epi16(hb, 2) : _mm256_srli_epi16(hb, 2);
+            w[g] = j % 2 ? _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), lo4), _mm256_and_si256(hs, top))
+                         : _mm256_or_si256(_mm256_and_si256(l, lo4), _mm256_and_si256(_mm256_slli_epi16(hs, 2), top));
+        }
+    }
+}
+
 /* Q6_K R16: the AVX-512 kernel's sums, eight rows per vector. Two of a sub-block's four
  * vpmaddubsw results add up in int16 (2 x 2 x 63 x 127 < 2^15) before widening. */
-TGT INLINE void k6_tile(int T, const uint8_t *group, int h, int64_t nsb, const r16_x *xa, float *Y, int64_t ldy,
-                        const uint8_t *end)
+TGT INLINE void k6_tile(bool gfni, int T, const uint8_t *group, int h, int64_t nsb, const r16_x *xa, float *Y,
+                        int64_t ldy, const uint8_t *end)
 {
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[R16_TILE_T];
     for (int t = 0; t < T; t++)
         acc[t] = _mm256_setzero_ps();
@@ -344,16 +376,8 @@ TGT INLINE void k6_tile(int T, const uint8_t *group, int h, int64_t nsb, const r
         for (int t = 0; t < T; t++)
             isum[t] = _mm256_setzero_si256();
         for (int j = 0; j < QK_K / 16; j++) {
-            int pair = j % 4 / 2;
-            const uint8_t *q = blk + R16_K6_QS + R16_K6_QUARTER * (j / 4) + 32 * h;
             __m256i w[4];
-            for (int g = 0; g < 4; g++) { /* as k6_pair in the AVX-512 file */
-                __m256i l = _mm256_loadu_si256((const __m256i *)(q + 64 * (4 * pair + g)));
-                __m256i hb = _mm256_loadu_si256((const __m256i *)(q + 64 * (8 + g)));
-                __m256i hs = pair == 0 ? _mm256_slli_epi16(hb, 2) : _mm256_srli_epi16(hb, 2);
-                w[g] = j % 2 ? _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), lo4), _mm256_and_si256(hs, top))
-                             : _mm256_or_si256(_mm256_and_si256(l, lo4), _mm256_and_si256(_mm256_slli_epi16(hs, 2), top));
-            }
+            k6_sub_quants(gfni, blk + R16_K6_QS + R16_K6_QUARTER * (j / 4) + 32 * h, j, w);
             __m256i scj = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + R16_K6_SCALES + 16 * j + 8 * h)));
             for (int t = 0; t < T; t++) {
                 const int8_t *xq = xa[t].q + QK_K * b + 16 * j;
@@ -373,9 +397,11 @@ TGT INLINE void k6_tile(int T, const uint8_t *group, int h, int64_t nsb, const r
         _mm256_storeu_ps(Y + t * ldy + 8 * h, acc[t]);
 }
 
-/* Tokens in chunks, each chunk against every group of the range, half by half. */
-TGT INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n,
-                           float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
+/* Tokens in chunks, each chunk against every group of the range, half by half. gfni:
+ * decode Q6_K with GFNI (k6_sub_quants); only the Q6_K kernel chosen where the CPU has it
+ * passes true. */
+TGT INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_stride, const void *X, size_t x_stride,
+                           int64_t n, float *Y, int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
 {
     bool k4 = ktype == BLADE_KTYPE_Q4_K_R16, k6 = ktype == BLADE_KTYPE_Q6_K_R16;
     int64_t nb = n / r16_block_elems(ktype), per_token = r16_side_per_token(ktype, n);
@@ -393,7 +419,7 @@ TGT INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, const
                     int64_t nt = c1 - t < R16_TILE_T ? c1 - t : R16_TILE_T;
                     float *y = Y + t * ldy + g;
 #define K16_TILE(T) k16_tile(T, group, h, nb, xa + (t - c), y, ldy, end)
-#define K6_TILE(T) k6_tile(T, group, h, nb, xa + (t - c), y, ldy, end)
+#define K6_TILE(T) k6_tile(gfni, T, group, h, nb, xa + (t - c), y, ldy, end)
 #define R16_TILE(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, group, h, nb, xa + (t - c), y, ldy, end)
                     if (k4) {
                         WITH_CONST_T(nt, R16_TILE_T, K16_TILE)
@@ -411,10 +437,11 @@ TGT INLINE void r16_matmul(uint32_t ktype, const void *W, size_t w_stride, const
     free(side);
 }
 
-BLADE_DRIVEN_KERNEL(TGT, mm_q4_0_r16, r16_matmul, BLADE_KTYPE_Q4_0_R16)
-BLADE_DRIVEN_KERNEL(TGT, mm_q8_0_r16, r16_matmul, BLADE_KTYPE_Q8_0_R16)
-BLADE_DRIVEN_KERNEL(TGT, mm_q4_k_r16, r16_matmul, BLADE_KTYPE_Q4_K_R16)
-BLADE_DRIVEN_KERNEL(TGT, mm_q6_k_r16, r16_matmul, BLADE_KTYPE_Q6_K_R16)
+BLADE_DRIVEN_KERNEL(TGT, mm_q4_0_r16, r16_matmul, BLADE_KTYPE_Q4_0_R16, false)
+BLADE_DRIVEN_KERNEL(TGT, mm_q8_0_r16, r16_matmul, BLADE_KTYPE_Q8_0_R16, false)
+BLADE_DRIVEN_KERNEL(TGT, mm_q4_k_r16, r16_matmul, BLADE_KTYPE_Q4_K_R16, false)
+BLADE_DRIVEN_KERNEL(TGT, mm_q6_k_r16, r16_matmul, BLADE_KTYPE_Q6_K_R16, false)
+BLADE_DRIVEN_KERNEL(TGT, mm_q6_k_r16_gfni, r16_matmul, BLADE_KTYPE_Q6_K_R16, true)
 
 /* ------------------------------------------------------------ Q4_K, Q5_K, Q6_K ----
  * Unit: a 256 super-block as eight 32-byte vectors of unsigned quants in natural order;
@@ -861,7 +888,7 @@ blade_act_fn blade_act_avx2_converter(uint32_t form)
     }
 }
 
-blade_matmul_fn blade_matmul_avx2_kernel(uint32_t type)
+blade_matmul_fn blade_matmul_avx2_kernel(uint32_t type, const blade_cpu_features *f)
 {
     switch (type) {
     case BLADE_TYPE_F32:
@@ -887,7 +914,7 @@ blade_matmul_fn blade_matmul_avx2_kernel(uint32_t type)
     case BLADE_KTYPE_Q4_K_R16:
         return mm_q4_k_r16;
     case BLADE_KTYPE_Q6_K_R16:
-        return mm_q6_k_r16;
+        return f->gfni ? mm_q6_k_r16_gfni : mm_q6_k_r16;
     default:
         return NULL;
     }

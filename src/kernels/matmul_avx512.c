@@ -505,14 +505,9 @@ TGT_F INLINE __m512i gf2_affine(__m512i x, __m512i m)
     return r;
 }
 
-/* The matrix that moves bits [from, from + n) of a byte to [to, to + n) and clears the
- * others. */
 TGT_F INLINE __m512i bit_move(int from, int to, int n)
 {
-    uint64_t m = 0;
-    for (int k = 0; k < n; k++)
-        m |= (uint64_t)(1u << (from + k)) << (8 * (7 - (to + k)));
-    return _mm512_set1_epi64((long long)m);
+    return _mm512_set1_epi64((long long)gf2_bit_move(from, to, n));
 }
 
 /* Sub-blocks 4s+2i (lo) and 4s+2i+1 (hi) of the quarter at q, elements 4g..4g+3 in
