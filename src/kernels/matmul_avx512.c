@@ -494,20 +494,15 @@ TGT_Q INLINE void k16_tile(int T, const uint8_t *group, int64_t nsb, const r16_x
 
 #define K6_TILE_T 8
 
-/* vgf2p8affineqb: every byte of x through the 8x8 bit matrix m (output bit i is the parity
- * of the byte AND byte 7-i of m). Written as asm so that no function here needs a GFNI
- * target, which would let the compiler use the instruction on its own in kernels that
- * run where the CPU lacks it; this one runs only where the CPU reports GFNI. */
-TGT_F INLINE __m512i gf2_affine(__m512i x, __m512i m)
+/* vgf2p8affineqb: every byte of x through the 8x8 bit matrix (gf2_bit_move). Written as
+ * asm so that no function here needs a GFNI target, which would let the compiler use the
+ * instruction on its own in kernels that run where the CPU lacks it; this one runs only
+ * where the CPU reports GFNI. */
+TGT_F INLINE __m512i gf2_affine(__m512i x, uint64_t matrix)
 {
-    __m512i r;
+    __m512i r, m = _mm512_set1_epi64((long long)matrix);
     __asm__("vgf2p8affineqb $0, %2, %1, %0" : "=v"(r) : "v"(x), "v"(m));
     return r;
-}
-
-TGT_F INLINE __m512i bit_move(int from, int to, int n)
-{
-    return _mm512_set1_epi64((long long)gf2_bit_move(from, to, n));
 }
 
 /* Sub-blocks 4s+2i (lo) and 4s+2i+1 (hi) of the quarter at q, elements 4g..4g+3 in
@@ -526,9 +521,10 @@ TGT_F INLINE void k6_pair(bool gfni, const uint8_t *q, int i, __m512i lo[4], __m
         __m512i l = _mm512_loadu_si512(q + 64 * (4 * i + g));
         __m512i h = _mm512_loadu_si512(q + 64 * (8 + g));
         if (gfni) {
-            __m512i top_lo = gf2_affine(h, bit_move(4 * i, 4, 2)), top_hi = gf2_affine(h, bit_move(4 * i + 2, 4, 2));
+            __m512i top_lo = gf2_affine(h, gf2_bit_move(4 * i, 4, 2));
+            __m512i top_hi = gf2_affine(h, gf2_bit_move(4 * i + 2, 4, 2));
             lo[g] = _mm512_ternarylogic_epi32(l, top_lo, lo4, 0xEC); /* (l & lo4) | top_lo */
-            hi[g] = _mm512_or_si512(gf2_affine(l, bit_move(4, 0, 4)), top_hi);
+            hi[g] = _mm512_or_si512(gf2_affine(l, gf2_bit_move(4, 0, 4)), top_hi);
         } else {
             __m512i hs = i == 0 ? _mm512_slli_epi16(h, 2) : _mm512_srli_epi16(h, 2);
             lo[g] = _mm512_or_si512(_mm512_and_si512(l, lo4), _mm512_and_si512(_mm512_slli_epi16(hs, 2), top));
