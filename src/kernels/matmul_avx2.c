@@ -427,7 +427,8 @@ TGT INLINE void k6_tile(bool gfni, int T, int NH, const uint8_t *group, int h0, 
             _mm256_storeu_ps(Y + t * ldy + 8 * (h0 + k), acc[k][t]);
 }
 
-/* Tokens in chunks, each chunk against every group of the range, half by half. gfni:
+/* Tokens in chunks, each chunk against every group of the range, half by half (a lone
+ * token both halves at once). gfni:
  * decode Q6_K with GFNI (k6_sub_quants); only the Q6_K kernel chosen where the CPU has it
  * passes true. */
 TGT INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_stride, const void *X, size_t x_stride,
@@ -451,30 +452,22 @@ TGT INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_st
                 for (int64_t t = c; t < c1; t += R16_TILE_T) {
                     int64_t nt = c1 - t < R16_TILE_T ? c1 - t : R16_TILE_T;
                     float *y = Y + t * ldy + g;
-#define K16_TILE(T, NH) k16_tile(T, NH, group, h, nb, xa + (t - c), y, ldy, end)
-#define K6_TILE(T, NH) k6_tile(gfni, T, NH, group, h, nb, xa + (t - c), y, ldy, end)
-#define R16_TILE(T, NH) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, NH, group, h, nb, xa + (t - c), y, ldy, end)
-#define K16_HALF(T) K16_TILE(T, 1)
-#define K6_HALF(T) K6_TILE(T, 1)
+#define R16_TILE(T, NH)                                                                                         \
+    do {                                                                                                       \
+        if (k4)                                                                                                \
+            k16_tile(T, NH, group, h, nb, xa + (t - c), y, ldy, end);                                          \
+        else if (k6)                                                                                           \
+            k6_tile(gfni, T, NH, group, h, nb, xa + (t - c), y, ldy, end);                                     \
+        else                                                                                                   \
+            r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, NH, group, h, nb, xa + (t - c), y, ldy, end);           \
+    } while (0)
 #define R16_HALF(T) R16_TILE(T, 1)
-                    if (lone && k4)
-                        K16_TILE(1, 2);
-                    else if (lone && k6)
-                        K6_TILE(1, 2);
-                    else if (lone)
+                    if (lone) {
                         R16_TILE(1, 2);
-                    else if (k4) {
-                        WITH_CONST_T(nt, R16_TILE_T, K16_HALF)
-                    } else if (k6) {
-                        WITH_CONST_T(nt, R16_TILE_T, K6_HALF)
                     } else {
                         WITH_CONST_T(nt, R16_TILE_T, R16_HALF)
                     }
-#undef K16_TILE
-#undef K6_TILE
 #undef R16_TILE
-#undef K16_HALF
-#undef K6_HALF
 #undef R16_HALF
                 }
         }
@@ -681,12 +674,17 @@ enum f_kind { F32, F16, BF16 };
 /* One token takes four rows at a time: one row alone is a single chain of dependent FMAs,
  * which held F16 and BF16 decode at 2 multiply-adds per cycle (FMA latency, not memory). */
 #define F_GEMV_R 4
-#define F_ROWS_MAX 4
-#define F_UNIT_BYTES 32
+#define F_ROWS_MAX (F_GEMV_R > F_TILE_R ? F_GEMV_R : F_TILE_R)
+#define F_UNIT_BYTES 32 /* the most a unit's row spans: 8 f32 or 16 bf16 */
+
+static size_t f_elem_bytes(enum f_kind kind)
+{
+    return kind == F32 ? 4 : 2;
+}
 
 static int64_t f_unit(enum f_kind kind)
 {
-    return kind == F16 ? 8 : F_UNIT_BYTES / (kind == F32 ? 4 : 2);
+    return kind == BF16 ? 16 : 8;
 }
 
 /* BF16: a 32-byte load holds 16 values, each 32-bit lane an even element in its low half
@@ -728,7 +726,7 @@ TGT INLINE void f_tile(enum f_kind kind, int R, int T, const uint8_t *const *row
                       float *out)
 {
     int64_t unit = f_unit(kind);
-    size_t ub = (size_t)unit * (kind == F32 ? 4 : 2);
+    size_t eb = f_elem_bytes(kind), ub = (size_t)unit * eb;
     __m256 acc[F_ROWS_MAX][F_TILE_T];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++)
@@ -743,7 +741,7 @@ TGT INLINE void f_tile(enum f_kind kind, int R, int T, const uint8_t *const *row
         uint8_t tail[F_ROWS_MAX][F_UNIT_BYTES];
         memset(tail, 0, sizeof tail);
         for (int r = 0; r < R; r++) {
-            memcpy(tail[r], rows[r] + ub * (size_t)(n / unit), (size_t)(n % unit) * ub / (size_t)unit);
+            memcpy(tail[r], rows[r] + ub * (size_t)(n / unit), (size_t)(n % unit) * eb);
             w[r] = tail[r];
         }
         f_step(kind, R, T, w, xs, n / unit, acc);
@@ -772,7 +770,7 @@ TGT INLINE void f_matmul(enum f_kind kind, const void *W, size_t w_stride, const
         return;
     }
     /* BF16 keeps its mask in a register too: with four tokens' accumulators the compiler
-     * spilled them, and the stores and reloads held the tile at 0.74x of three tokens'. */
+     * spilled them, and the stores and reloads held the tile at 0.76-0.79x of three tokens'. */
     int64_t tile_t = kind == BF16 ? 3 : F_TILE_T;
     for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {
         int64_t c1 = c + TOKEN_CHUNK < n_tok ? c + TOKEN_CHUNK : n_tok;
