@@ -396,7 +396,7 @@ TGT INLINE void k16_lone(const uint8_t *blk, const uint8_t sc[128], const uint8_
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
         const int8_t *xq = x->q + QK_K * b + K_SUB * 2 * c;
-        prefetch_stream(blk + R16_K_QS + 512 * c, 512);
+        prefetch_stream(blk + R16_K_QS + 8 * 64 * c, 8 * 64); /* the pair's eight chunks */
         __m256i s16[2][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()},
                              {_mm256_setzero_si256(), _mm256_setzero_si256()}};
 #pragma GCC unroll 8
