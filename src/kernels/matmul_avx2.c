@@ -279,12 +279,12 @@ TGT INLINE void r16_tile(bool q4, int T, int NH, const uint8_t *group, int h0, i
             prefetch_stream(group + b * bb, bb);
             touch_stream(group + b * bb, bb, end);
             r16_lone(q4, group + b * bb, xa[0].q + QK8_0 * b, xa[0].d[b], q4 ? xa[0].side[b] : 0, acc);
-            continue;
+        } else {
+            r16_w w;
+            r16_load(q4, group + b * bb, h0, &w);
+            for (int t = 0; t < T; t++)
+                acc[0][t] = r16_step(q4, &w, xa[t].q + QK8_0 * b, xa[t].d[b], q4 ? xa[t].side[b] : 0, acc[0][t]);
         }
-        r16_w w;
-        r16_load(q4, group + b * bb, h0, &w);
-        for (int t = 0; t < T; t++)
-            acc[0][t] = r16_step(q4, &w, xa[t].q + QK8_0 * b, xa[t].d[b], q4 ? xa[t].side[b] : 0, acc[0][t]);
     }
     for (int k = 0; k < NH; k++)
         for (int t = 0; t < T; t++)
@@ -892,14 +892,13 @@ TGT INLINE void f_tile(enum f_kind kind, int R, int T, const uint8_t *const *row
 /* Row of n F16 weights as floats, zero-padded to whole units. */
 TGT INLINE void f16_row_to_f32(const uint8_t *row, int64_t n, float *out)
 {
-    for (int64_t k = 0; k < n; k += 8) {
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        _mm256_storeu_ps(out + k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * k))));
+    if (k < n) {
         uint16_t tail[8] = {0};
-        const void *src = row + 2 * k;
-        if (n - k < 8) {
-            memcpy(tail, src, (size_t)(n - k) * 2);
-            src = tail;
-        }
-        _mm256_storeu_ps(out + k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src)));
+        memcpy(tail, row + 2 * k, (size_t)(n - k) * 2);
+        _mm256_storeu_ps(out + k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tail)));
     }
 }
 
@@ -924,8 +923,11 @@ TGT INLINE void f_matmul(enum f_kind kind, const void *W, size_t w_stride, const
     /* BF16 keeps its mask in a register too: with four tokens' accumulators the compiler
      * spilled them, and the stores and reloads held the tile at 0.76-0.79x of three tokens'. */
     int64_t tile_t = kind == BF16 ? 3 : F_TILE_T;
-    int64_t n_units = (n + 7) / 8 * 8;
-    float *floats = kind == F16 ? pack_alloc(sizeof(float) * F_TILE_R * (size_t)n_units) : NULL;
+    int64_t n_padded = (n + 7) / 8 * 8;
+    /* Only a call with a chunk to convert needs the floats. */
+    float *floats = kind == F16 && n_tok >= F16_TO_F32_MIN_TOKENS
+                        ? pack_alloc(sizeof(float) * F_TILE_R * (size_t)n_padded)
+                        : NULL;
     for (int64_t c = 0; c < n_tok; c += TOKEN_CHUNK) {
         int64_t c1 = c + TOKEN_CHUNK < n_tok ? c + TOKEN_CHUNK : n_tok;
         bool convert = floats && c1 - c >= F16_TO_F32_MIN_TOKENS;
@@ -933,15 +935,15 @@ TGT INLINE void f_matmul(enum f_kind kind, const void *W, size_t w_stride, const
             tile_rows(W, w_stride, r, r1, F_TILE_R, rows);
             if (convert)
                 for (int i = 0; i < F_TILE_R; i++) {
-                    f16_row_to_f32(rows[i], n, floats + i * n_units);
-                    rows[i] = (const uint8_t *)(floats + i * n_units);
+                    f16_row_to_f32(rows[i], n, floats + i * n_padded);
+                    rows[i] = (const uint8_t *)(floats + i * n_padded);
                 }
             int64_t nr = r1 - r < F_TILE_R ? r1 - r : F_TILE_R;
             for (int64_t t = c; t < c1; t += tile_t) {
                 int64_t nt = c1 - t < tile_t ? c1 - t : tile_t;
                 for (int j = 0; j < nt; j++)
                     xs[j] = (const uint8_t *)X + (t + j) * (int64_t)x_stride;
-#define F_TILE(T) f_tile(convert ? F32 : kind, F_TILE_R, T, rows, xs, convert ? n_units : n, out)
+#define F_TILE(T) f_tile(convert ? F32 : kind, F_TILE_R, T, rows, xs, convert ? n_padded : n, out)
                 WITH_CONST_T(nt, F_TILE_T, F_TILE)
 #undef F_TILE
                 store_tile(Y, ldy, r, nr, t, nt, out, F_TILE_T);
