@@ -31,8 +31,10 @@ typedef enum blade_traffic_class {
 
 typedef enum blade_sched_mode {
     BLADE_SCHED_CONTINUOUS = 0,
-    /* form a batch, run it to completion, then form the next; the engine keeps a finished
-     * member's seat computing until the batch ends, as a fixed-shape batch does */
+    /* form a batch (at most max_seqs members, and no more than max_batch_tokens, since
+     * every seat decodes in every step), run it to completion, then form the next; the
+     * engine keeps a finished member's seat computing until the batch ends, as a
+     * fixed-shape batch does */
     BLADE_SCHED_STATIC = 1
 } blade_sched_mode;
 

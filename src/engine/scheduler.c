@@ -272,10 +272,18 @@ static int32_t admission_order(blade_scheduler *s)
     return k;
 }
 
+/* ignore_budget forms a static batch: its members are admitted without being planned, and
+ * since a fixed-shape batch runs every seat in each decode step, it has no more seats than
+ * a step has sequences and tokens. */
 static void admit_waiting(blade_scheduler *s, blade_sched_plan *plan, int32_t *budget, bool ignore_budget)
 {
     int32_t n = admission_order(s);
-    for (int32_t i = 0; i < n && plan->n_items < s->cfg.max_seqs && (*budget > 0 || ignore_budget); i++) {
+    int32_t seats = s->cfg.max_seqs;
+    if (ignore_budget && s->cfg.max_batch_tokens < seats)
+        seats = s->cfg.max_batch_tokens;
+    for (int32_t i = 0; i < n && (*budget > 0 || ignore_budget); i++) {
+        if ((ignore_budget ? s->running.n : plan->n_items) >= seats)
+            break;
         blade_sched_seq *seq = s->candidates[i];
         if (seq->kv.n_blocks == 0)
             seq->n_computed = blade_kv_match_prefix(s->kv, &seq->kv, seq->tokens, seq->n_tokens);
