@@ -196,10 +196,11 @@ static bool ensure_blocks(blade_scheduler *s, blade_sched_seq *seq, int32_t n_to
         return false;
     }
     while (blade_kv_allocate(s->kv, &seq->kv, n_total) != 0) {
+        /* walking up from the lowest rank, seq itself comes before any sequence above it */
         blade_sched_seq *victim = s->running.tail;
-        while (victim && (victim->scheduled || victim == seq))
+        while (victim && victim->scheduled)
             victim = victim->prev;
-        if (!victim) {
+        if (!victim || victim == seq) {
             if (seq->state == BLADE_SEQ_RUNNING)
                 preempt(s, seq, plan);
             return false;
