@@ -186,25 +186,38 @@ static void reject(blade_scheduler *s, blade_sched_seq *seq, blade_sched_plan *p
     plan->rejected[plan->n_rejected++] = seq;
 }
 
-/* Blocks for seq to hold n_total tokens, preempting lower-priority running sequences
- * that are not part of this step when the pool is exhausted. Returns false when seq
- * itself had to wait or cannot be served at all. */
-static bool ensure_blocks(blade_scheduler *s, blade_sched_seq *seq, int32_t n_total, blade_sched_plan *plan)
+/* Takes a sequence planned in this step out of the plan, giving its tokens back. */
+static void unplan(blade_sched_plan *plan, blade_sched_seq *seq, int32_t *budget)
+{
+    int32_t i = 0;
+    while (plan->items[i].seq != seq)
+        i++;
+    *budget += plan->items[i].n_tokens;
+    plan->n_tokens -= plan->items[i].n_tokens;
+    memmove(plan->items + i, plan->items + i + 1, (size_t)(plan->n_items - i - 1) * sizeof *plan->items);
+    plan->n_items--;
+    seq->scheduled = false;
+}
+
+/* Blocks for seq to hold n_total tokens. When the pool is exhausted the lowest-priority,
+ * most recently admitted running sequence gives its blocks back, even one planned earlier
+ * in this step (decodes are planned before prompt chunks, but blocks go by rank); when
+ * that is seq itself, seq waits. Returns false when seq had to wait or cannot be served. */
+static bool ensure_blocks(blade_scheduler *s, blade_sched_seq *seq, int32_t n_total, blade_sched_plan *plan,
+                          int32_t *budget)
 {
     if (blocks_for(s, n_total) > s->total_blocks) {
         reject(s, seq, plan);
         return false;
     }
     while (blade_kv_allocate(s->kv, &seq->kv, n_total) != 0) {
-        /* walking up from the lowest rank, seq itself comes before any sequence above it */
         blade_sched_seq *victim = s->running.tail;
-        while (victim && victim->scheduled)
-            victim = victim->prev;
         if (!victim || victim == seq) {
-            if (seq->state == BLADE_SEQ_RUNNING)
-                preempt(s, seq, plan);
+            preempt(s, seq, plan);
             return false;
         }
+        if (victim->scheduled)
+            unplan(plan, victim, budget);
         preempt(s, victim, plan);
     }
     return true;
@@ -239,7 +252,8 @@ static void schedule_running(blade_scheduler *s, blade_sched_plan *plan, int32_t
         }
         int32_t preempted_before = plan->n_preempted + plan->n_rejected;
         int32_t n = chunk(s, needed, *budget, plan);
-        if (n > 0 && ensure_blocks(s, seq, s->cfg.contiguous_kv ? seq->max_total : seq->n_computed + n, plan)) {
+        int32_t n_total = s->cfg.contiguous_kv ? seq->max_total : seq->n_computed + n;
+        if (n > 0 && ensure_blocks(s, seq, n_total, plan, budget)) {
             plan_add(plan, seq, n);
             *budget -= n;
         }
