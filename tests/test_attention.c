@@ -227,11 +227,12 @@ typedef struct isa_list {
     int n;
 } isa_list;
 
-static isa_list supported_isas(void)
+/* The ISAs this CPU runs; the others are reported as not tested by `what`. */
+static isa_list supported_isas(const char *what)
 {
     isa_list l = {.n = 0};
     for (int i = 0; i < BLADE_ISA_COUNT; i++)
-        if (blade_isa_supported((blade_isa)i))
+        if (isa_tested((blade_isa)i, what))
             l.isa[l.n++] = (blade_isa)i;
     return l;
 }
@@ -344,7 +345,7 @@ static void check_accuracy(shape sh, int32_t n_ctx, const chunk *chunks, int n_c
     scene_init(&s, sh, n_ctx, 1000 + (uint64_t)n_ctx, 77, false, true);
     size_t rf = row_floats(&s);
     int32_t hd = sh.head_dim;
-    isa_list isas = supported_isas();
+    isa_list isas = supported_isas("attention accuracy against the reference");
     blade_isa saved = blade_isa_active();
     double *ref = malloc((size_t)hd * sizeof *ref);
     double worst = 0, worst_isa = 0;
@@ -524,7 +525,7 @@ static void test_batch_invariance(void **state)
         {BLADE_KV_F32, 3, 1, 80, 16},
         {BLADE_KV_F16, 2, 2, 24, 5}, /* generic loads, narrower paths */
     };
-    isa_list isas = supported_isas();
+    isa_list isas = supported_isas("attention batch invariance");
     blade_isa saved = blade_isa_active();
     for (int k = 0; k < isas.n; k++) {
         blade_isa_set(isas.isa[k]);

@@ -141,6 +141,19 @@ static void mm(const mm_case *c, float *Y, int64_t t0, int64_t t1, int64_t r0, i
                  t1 - t0, r0, r1);
 }
 
+/* An AVX-512 CPU without VNNI or BF16 has no AVX-512 kernel for the types that need them,
+ * so blade_matmul runs their AVX2 kernel in the AVX-512 pass: a run there must say so. */
+static void note_avx512_fallback(uint32_t type)
+{
+#if defined(__x86_64__)
+    if (blade_isa_active() == BLADE_ISA_AVX512 && !blade_matmul_avx512_kernel(type, blade_cpu_get_features()))
+        note_skipped("AVX-512 %s not supported by this CPU: the AVX-512 %s kernel not tested (AVX2's ran instead)",
+                     type == BLADE_TYPE_BF16 ? "BF16" : "VNNI", type_name(type));
+#else
+    (void)type;
+#endif
+}
+
 /* ---- batch invariance ---- */
 
 static void check_invariance(uint32_t type, int64_t n)
@@ -151,9 +164,10 @@ static void check_invariance(uint32_t type, int64_t n)
     float *one = malloc(ybytes), *y = malloc(ybytes);
     blade_isa saved = blade_isa_active();
     for (int isa = 0; isa < BLADE_ISA_COUNT; isa++) {
-        if (!blade_isa_supported((blade_isa)isa))
+        if (!isa_tested((blade_isa)isa, "matmul batch invariance"))
             continue;
         blade_isa_set((blade_isa)isa);
+        note_avx512_fallback(type);
         for (int64_t t = 0; t < ntok; t++)
             mm(&c, one, t, t + 1, 0, rows);
         /* Every batch size, so every partial tile shape is covered. */
@@ -299,9 +313,10 @@ static void check_accuracy(uint32_t type, int64_t n)
         fail_msg("%s scalar: mean error %g exceeds a quarter of the worst-case bound %g", type_name(type), sum_err,
                  sum_bound);
     for (int isa = 1; isa < BLADE_ISA_COUNT; isa++) {
-        if (!blade_isa_supported((blade_isa)isa))
+        if (!isa_tested((blade_isa)isa, "matmul accuracy"))
             continue;
         blade_isa_set((blade_isa)isa);
+        note_avx512_fallback(type);
         mm(&c, y, 0, ntok, 0, rows);
         if (same_bits && memcmp(y, ys, ybytes) != 0)
             fail_msg("%s on %s: not the scalar kernel's bits", type_name(type), blade_isa_name((blade_isa)isa));
@@ -449,7 +464,7 @@ static void test_act_forms(void **state)
         types[nt++] = r16_types[i];
     blade_isa saved = blade_isa_active();
     for (int isa = 0; isa < BLADE_ISA_COUNT; isa++) {
-        if (!blade_isa_supported((blade_isa)isa))
+        if (!isa_tested((blade_isa)isa, "shared activation rows"))
             continue;
         blade_isa_set((blade_isa)isa);
         for (size_t a = 0; a < nt; a++) {
@@ -502,7 +517,7 @@ static void test_rmsnorm(void **state)
         for (int64_t i = 0; i < n; i++)
             assert_true(fabs(want[i] - x[i] * scale * w[i]) <= 1e-6 * fabs(x[i] * scale * w[i]) + 1e-12);
         for (int isa = 0; isa < BLADE_ISA_COUNT; isa++) {
-            if (!blade_isa_supported((blade_isa)isa))
+            if (!isa_tested((blade_isa)isa, "RMSNorm"))
                 continue;
             blade_isa_set((blade_isa)isa);
             blade_rmsnorm(got, x, w, n, 1e-6f);
@@ -533,7 +548,7 @@ static void test_swiglu(void **state)
     }
     blade_isa saved = blade_isa_active();
     for (int isa = 0; isa < BLADE_ISA_COUNT; isa++) {
-        if (!blade_isa_supported((blade_isa)isa))
+        if (!isa_tested((blade_isa)isa, "SwiGLU"))
             continue;
         blade_isa_set((blade_isa)isa);
         blade_swiglu(g, u, out, 1, N, 0);
@@ -589,7 +604,7 @@ static void test_row_from_float(void **state)
     const uint32_t types[] = {BLADE_TYPE_F16, BLADE_TYPE_BF16};
     blade_isa saved = blade_isa_active();
     for (int isa = 0; isa < BLADE_ISA_COUNT; isa++) {
-        if (!blade_isa_supported((blade_isa)isa))
+        if (!isa_tested((blade_isa)isa, "F16/BF16 row rounding"))
             continue;
         blade_isa_set((blade_isa)isa);
         for (int t = 0; t < 2; t++) {
@@ -633,7 +648,7 @@ static void test_act_convert_isas(void **state)
         blade_isa_set(BLADE_ISA_SCALAR);
         blade_act_convert(type, x, ref, len);
         for (int isa = 1; isa < BLADE_ISA_COUNT; isa++) {
-            if (!blade_isa_supported((blade_isa)isa))
+            if (!isa_tested((blade_isa)isa, "activation conversion"))
                 continue;
             blade_isa_set((blade_isa)isa);
             memset(got, 0x5A, bytes);
@@ -659,11 +674,17 @@ static void test_q6_k_gfni(void **state)
     (void)state;
 #if defined(__x86_64__)
     const blade_cpu_features *f = blade_cpu_get_features();
-    if (!blade_isa_supported(BLADE_ISA_AVX2) || !f->gfni)
+    if (!isa_tested(BLADE_ISA_AVX2, "the Q6_K_R16 GFNI decodings"))
         skip();
+    if (!f->gfni) {
+        note_skipped("GFNI not supported by this CPU: the Q6_K_R16 GFNI decodings not tested on it");
+        skip();
+    }
     blade_cpu_features without = *f;
     without.gfni = false;
-    bool avx512 = blade_isa_supported(BLADE_ISA_AVX512) && f->avx512vnni;
+    bool avx512 = isa_tested(BLADE_ISA_AVX512, "the AVX-512 Q6_K_R16 decodings") && f->avx512vnni;
+    if (blade_isa_supported(BLADE_ISA_AVX512) && !avx512)
+        note_skipped("AVX-512 VNNI not supported by this CPU: the AVX-512 Q6_K_R16 decodings not tested on it");
     struct {
         const char *name;
         blade_matmul_fn fn;
@@ -696,6 +717,7 @@ static void test_q6_k_gfni(void **state)
     free(got);
     free_case(&c);
 #else
+    note_skipped("not an x86-64 build: the Q6_K_R16 GFNI decodings not tested");
     skip();
 #endif
 }

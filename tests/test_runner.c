@@ -188,7 +188,7 @@ static void check_invariance(uint32_t type, uint32_t sensitive, blade_arch arch,
         target_tokens[i] = (int32_t)(3 + (i * 7919) % 300);
     blade_isa best = blade_isa_active();
     for (int isa = 0; isa < BLADE_ISA_COUNT; isa++) {
-        if (!blade_isa_supported((blade_isa)isa))
+        if (!isa_tested((blade_isa)isa, "the runner's batch invariance"))
             continue;
         blade_isa_set((blade_isa)isa);
         bool full = (blade_isa)isa == best;

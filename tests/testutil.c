@@ -26,11 +26,38 @@ char *require_shared(const char *rel)
 {
     char *p = shared_path(rel);
     if (access(p, R_OK) != 0) {
-        fprintf(stderr, "shared file %s not found; skipping\n", p);
+        note_skipped("shared file %s not found", p);
         free(p);
         skip();
     }
     return p;
+}
+
+void note_skipped(const char *fmt, ...)
+{
+    static char said[64][200];
+    static int n_said;
+    char msg[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    for (int i = 0; i < n_said; i++)
+        if (!strcmp(said[i], msg))
+            return;
+    if (n_said < 64)
+        strcpy(said[n_said++], msg);
+    printf("SKIPPED: %s\n", msg);
+    fflush(stdout);
+}
+
+bool isa_tested(blade_isa isa, const char *what)
+{
+    if (blade_isa_supported(isa))
+        return true;
+    static const char *const names[BLADE_ISA_COUNT] = {"scalar", "AVX2", "AVX-512"};
+    note_skipped("%s not supported by this CPU: %s not tested on it", names[isa], what);
+    return false;
 }
 
 char *read_file(const char *path, size_t *len)

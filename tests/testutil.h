@@ -4,10 +4,13 @@
 /* Small helpers shared by the cmocka test programs. */
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+
+#include "blade/kernels.h"
 
 /* "<shared>/rel" in a static buffer per call site is error-prone, so this returns a
  * malloc'd path; callers free it. */
@@ -15,6 +18,13 @@ char *shared_path(const char *rel);
 /* Calls cmocka's skip() when the shared file is missing, so a checkout without ../shared
  * still runs every self-contained test. Returns the malloc'd path otherwise. */
 char *require_shared(const char *rel);
+/* Prints "SKIPPED: <message>" on stdout, once per distinct message: a test that runs but
+ * leaves part of its checks out (an ISA this CPU lacks) says so, as cmocka's skip() does
+ * for a whole test. ctest -V, and scripts/test.sh's summary, show these lines. */
+void note_skipped(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* True when this CPU runs the ISA; otherwise notes "SKIPPED: <ISA> not supported by this
+ * CPU: <what> not tested on it". For the loops that check every ISA. */
+bool isa_tested(blade_isa isa, const char *what);
 /* Whole file into a malloc'd, NUL-terminated buffer; NULL on failure. */
 char *read_file(const char *path, size_t *len);
 int write_file(const char *path, const void *data, size_t len);
