@@ -109,5 +109,7 @@ void blade_stop_flush(blade_stop_matcher *m, const char **out, size_t *out_len)
 {
     *out = NULL;
     *out_len = 0;
-    release(m, m->n_pending, out, out_len);
+    /* before any text the buffers are NULL, which memcpy may not be given even for 0 bytes */
+    if (m->n_pending)
+        release(m, m->n_pending, out, out_len);
 }
