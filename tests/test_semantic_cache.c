@@ -822,6 +822,25 @@ static void test_corrupt_database(void **state)
     free(whole);
     expect_set_aside(dir, db, 4, "test-embedder", "damaged page", "moved to");
 
+    /* damage only loading never reads: the key index, which later writes would trust */
+    write_good_db(db);
+    sqlite3 *h;
+    sqlite3_stmt *st;
+    assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(h, "SELECT rootpage FROM sqlite_master WHERE name = 'sqlite_autoindex_entries_1'",
+                                        -1, &st, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    int page = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(h);
+    whole = read_file(db, &len);
+    assert_true(page > 1 && (size_t)page * 4096 <= len);
+    whole[(size_t)(page - 1) * 4096] = 0x42;
+    assert_int_equal(write_file(db, whole, len), 0);
+    free(whole);
+    expect_set_aside(dir, db, 4, "test-embedder", "damaged index", "damaged");
+
     /* somebody else's SQLite database */
     unlink(db);
     sql(db, "CREATE TABLE entries(id INTEGER PRIMARY KEY, payload TEXT); INSERT INTO entries VALUES(1, 'x')");

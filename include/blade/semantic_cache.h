@@ -47,7 +47,7 @@ typedef struct blade_semcache_config {
     int64_t max_bytes;   /* > 0; counts each entry's blade_semcache_stats.bytes share */
     double ttl_s;        /* entries expire this long after being stored; 0: never */
     blade_semcache_index index;
-    int32_t exact_scan_max; /* AUTO's switch point; 0: the default (see semantic_cache.c) */
+    int32_t exact_scan_max; /* AUTO's switch point; 0: max(1024, 524288 / dim) entries */
     /* HNSW graph: links per node, candidate list while building and while searching;
      * 0: defaults (16, 100, 64). */
     int32_t hnsw_m, hnsw_ef_construction, hnsw_ef_search;
@@ -60,7 +60,8 @@ typedef struct blade_semcache_config {
      * Tests inject their own. */
     double (*clock)(void *ctx);
     void *clock_ctx;
-    /* Where warnings go (a database set aside, a failed write); NULL: stderr. */
+    /* Where warnings (a database set aside, failed writes) and load progress go, possibly
+     * from the cache's own thread; NULL: stderr. */
     void (*log)(void *ctx, const char *msg);
     void *log_ctx;
 } blade_semcache_config;

@@ -101,8 +101,11 @@ extern "C" int sc_hnsw_nearest(const sc_hnsw *h, const float *q, uint64_t *label
         if (found.empty())
             return 1;
         *label = found.top().second;
+        const float *v = sc_hnsw_vector(h, *label);
+        if (!v)
+            return -1;
         // the exact product again rather than 1 - distance, which rounds
-        *similarity = blade_dot_f32(q, sc_hnsw_vector(h, *label), h->dim);
+        *similarity = blade_dot_f32(q, v, h->dim);
         return 0;
     } catch (...) {
         return -1;

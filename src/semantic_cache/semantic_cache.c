@@ -5,11 +5,12 @@
  * Locking: `lock` (read/write) guards the maps, partitions, indexes and which entries
  * exist; lookups hold it shared, so they run in parallel, and take `mu` for the few
  * writes a hit makes (its LRU position and last-hit time) and for the statistics.
- * Database operations are queued under `bg_mu` in the order the changes were made, while
- * `lock` is held, so the file replays the memory's history. Order: lock, mu, bg_mu. */
+ * Database changes are queued (background.h) while `lock` is held, in the order they were
+ * made, so the file replays the memory's history. Order: lock, mu, the queue's. */
 #include "blade/semantic_cache.h"
 
 #include "blade/kernels.h"
+#include "semantic_cache/background.h"
 #include "semantic_cache/digest_map.h"
 #include "semantic_cache/store.h"
 #include "semantic_cache/vector_index.h"
@@ -24,14 +25,11 @@
 #include <string.h>
 #include <time.h>
 
-/* AUTO's switch from the exact scan to an HNSW graph, in floats a scan reads: a partition
- * switches once it holds more than this / dim entries (MEASURED.md, "Semantic cache"). */
-#define DEFAULT_SCAN_FLOATS (1 << 21)
-/* Database operations waiting beyond this many bytes are dropped (counted), not queued:
- * a stalled disk must not grow memory without bound. Losing one only loses a cache entry. */
-#define MAX_BACKLOG_BYTES ((size_t)64 << 20)
-/* A failing database is reported once per this many seconds, not once per write. */
-#define DB_WARN_INTERVAL_S 60.0
+/* AUTO's switch from the exact scan to an HNSW graph: a partition switches once it holds
+ * more than max(SCAN_MIN_ENTRIES, SCAN_FLOATS / dim) entries, about where the graph's
+ * lookups become faster than the scan's (MEASURED.md, "The semantic cache"). */
+#define SCAN_MIN_ENTRIES 1024
+#define SCAN_FLOATS (1 << 19)
 /* While loading, progress is reported this often. */
 #define LOAD_PROGRESS_S 2.0
 
@@ -63,18 +61,6 @@ typedef struct sc_entry {
     char data[]; /* text, NUL, extra */
 } sc_entry;
 
-typedef enum { OP_PUT, OP_DELETE, OP_TOUCH } op_kind;
-
-typedef struct sc_op {
-    struct sc_op *next;
-    op_kind kind;
-    size_t bytes;
-    double last_hit;
-    uint8_t key[SC_KEY_LEN];
-    sc_row row;    /* OP_PUT, pointing into vec */
-    float vec[];   /* OP_PUT: the embedding, then model, finish reason, text, extra */
-} sc_op;
-
 typedef struct histogram {
     uint64_t count[BLADE_SEMCACHE_LATENCY_BUCKETS]; /* per bucket, not cumulative */
     double sum;
@@ -94,18 +80,8 @@ struct blade_semcache {
     uint64_t exact_hits, semantic_hits, misses, inserts, evictions, expirations, rejected;
     histogram latency, hit_sim, miss_sim;
 
-    sc_store *store;
-    pthread_t thread;
-    bool thread_started;
-    pthread_mutex_t bg_mu;
-    pthread_cond_t bg_wake, bg_done;
-    bool stopping;
-    sc_op *queue_head, *queue_tail;
-    size_t queue_bytes;
-    uint64_t ops_queued, ops_done;
-    uint64_t db_writes, db_errors, db_dropped;
-    char db_failure[BLADE_ERROR_LEN]; /* since the last flush */
-    double last_db_warning;
+    sc_store *store; /* NULL: memory only */
+    sc_background *bg;
 };
 
 /* ---- time, logging ---- */
@@ -250,133 +226,6 @@ static sc_entry *entry_of(sc_vindex_item *item)
     return (sc_entry *)((char *)item - offsetof(sc_entry, item));
 }
 
-/* ---- the database queue ---- */
-
-static void enqueue(blade_semcache *c, sc_op *op)
-{
-    pthread_mutex_lock(&c->bg_mu);
-    if (op->kind != OP_DELETE && c->queue_bytes + op->bytes > MAX_BACKLOG_BYTES) {
-        c->db_dropped++;
-        pthread_mutex_unlock(&c->bg_mu);
-        free(op);
-        return;
-    }
-    if (c->queue_tail)
-        c->queue_tail->next = op;
-    else
-        c->queue_head = op;
-    c->queue_tail = op;
-    c->queue_bytes += op->bytes;
-    c->ops_queued++;
-    pthread_cond_signal(&c->bg_wake);
-    pthread_mutex_unlock(&c->bg_mu);
-}
-
-static void enqueue_key(blade_semcache *c, op_kind kind, const uint8_t key[SC_KEY_LEN], double last_hit)
-{
-    if (!c->store)
-        return;
-    sc_op *op = calloc(1, sizeof *op);
-    if (!op) {
-        pthread_mutex_lock(&c->bg_mu);
-        c->db_dropped++;
-        pthread_mutex_unlock(&c->bg_mu);
-        return;
-    }
-    op->kind = kind;
-    op->bytes = sizeof *op;
-    op->last_hit = last_hit;
-    memcpy(op->key, key, SC_KEY_LEN);
-    enqueue(c, op);
-}
-
-/* A PUT for the entry as stored: built before the entry is published, so the queue never
- * reads an entry another thread may free. NULL when there is no database (or no memory,
- * which costs the entry its persistence only). */
-static sc_op *put_op(blade_semcache *c, const sc_entry *e, const keys *k, const char *model, const float *vec)
-{
-    if (!c->store)
-        return NULL;
-    size_t vec_bytes = vec ? (size_t)c->cfg.dim * sizeof(float) : 0;
-    size_t model_len = strlen(model), finish_len = strlen(e->finish_reason);
-    size_t size = sizeof(sc_op) + vec_bytes + model_len + 1 + finish_len + 1 + e->text_len + e->extra_len;
-    sc_op *op = calloc(1, size);
-    if (!op)
-        return NULL;
-    op->kind = OP_PUT;
-    op->bytes = size;
-    char *p = (char *)op->vec + vec_bytes;
-    sc_row *r = &op->row;
-    memcpy(r->key, e->key, SC_KEY_LEN);
-    memcpy(r->tenant, k->tenant, SC_KEY_LEN);
-    memcpy(r->params, k->params, SC_KEY_LEN);
-    if (vec) {
-        memcpy(op->vec, vec, vec_bytes);
-        r->embedding = op->vec;
-    }
-    r->model = memcpy(p, model, model_len + 1);
-    p += model_len + 1;
-    r->finish_reason = memcpy(p, e->finish_reason, finish_len + 1);
-    p += finish_len + 1;
-    r->text = memcpy(p, e->data, e->text_len);
-    r->text_len = e->text_len;
-    p += e->text_len;
-    r->extra = memcpy(p, e->data + e->text_len + 1, e->extra_len);
-    r->extra_len = e->extra_len;
-    r->created = e->created;
-    r->last_hit = e->created;
-    r->prompt_tokens = e->prompt_tokens;
-    r->completion_tokens = e->completion_tokens;
-    return op;
-}
-
-static void free_ops(sc_op *op)
-{
-    while (op) {
-        sc_op *next = op->next;
-        free(op);
-        op = next;
-    }
-}
-
-static int apply_op(sc_store *s, const sc_op *op, blade_error *err)
-{
-    switch (op->kind) {
-    case OP_PUT:
-        return sc_store_put(s, &op->row, err);
-    case OP_DELETE:
-        return sc_store_delete(s, op->key, err);
-    default:
-        return sc_store_touch(s, op->key, op->last_hit, err);
-    }
-}
-
-/* Writes a batch in one transaction; on failure none of it is kept. */
-static void write_batch(blade_semcache *c, sc_op *batch, uint64_t n)
-{
-    blade_error err = {{0}};
-    int rc = sc_store_begin(c->store, &err);
-    for (sc_op *op = batch; rc == 0 && op; op = op->next)
-        rc = apply_op(c->store, op, &err);
-    if (rc == 0)
-        rc = sc_store_commit(c->store, &err);
-    if (rc)
-        sc_store_rollback(c->store);
-    pthread_mutex_lock(&c->bg_mu);
-    if (rc) {
-        c->db_errors += n;
-        snprintf(c->db_failure, sizeof c->db_failure, "%s", err.msg);
-    } else {
-        c->db_writes += n;
-    }
-    bool warn = rc && monotonic_now() - c->last_db_warning >= DB_WARN_INTERVAL_S;
-    if (warn)
-        c->last_db_warning = monotonic_now();
-    pthread_mutex_unlock(&c->bg_mu);
-    if (warn)
-        logf_(c, "warning: semantic cache: %" PRIu64 " database writes lost (entries kept in memory): %s", n, err.msg);
-}
-
 /* ---- entries and partitions (under the write lock) ---- */
 
 static sc_partition *get_partition(blade_semcache *c, const keys *k, const char *model, blade_error *err)
@@ -452,7 +301,7 @@ static void remove_entry(blade_semcache *c, sc_entry *e, gone_reason why)
     }
     /* a replaced entry's row is overwritten by its successor's */
     if (why != GONE_REPLACED)
-        enqueue_key(c, OP_DELETE, e->key, 0.0);
+        sc_background_delete(c->bg, e->key);
     c->n_entries--;
     c->bytes -= e->bytes;
     p->n_entries--;
@@ -587,7 +436,7 @@ static void touch(blade_semcache *c, sc_entry *e, double now)
     lru_unlink(c, e);
     lru_push_newest(c, e);
     pthread_mutex_unlock(&c->mu);
-    enqueue_key(c, OP_TOUCH, e->key, now);
+    sc_background_touch(c->bg, e->key, now);
 }
 
 static void collect_expired(void *ctx, sc_vindex_item *item)
@@ -721,6 +570,26 @@ void blade_semcache_hit_clear(blade_semcache_hit *hit)
 
 /* ---- inserts ---- */
 
+/* Queues the entry's row (under the write lock, so it lands before any later change). */
+static void persist(blade_semcache *c, const sc_entry *e, const keys *k, const char *model, const float *vec)
+{
+    sc_row row = {.model = model,
+                  .created = e->created,
+                  .last_hit = e->created,
+                  .prompt_tokens = e->prompt_tokens,
+                  .completion_tokens = e->completion_tokens,
+                  .finish_reason = e->finish_reason,
+                  .text = e->data,
+                  .text_len = e->text_len,
+                  .extra = e->data + e->text_len + 1,
+                  .extra_len = e->extra_len,
+                  .embedding = vec};
+    memcpy(row.key, e->key, SC_KEY_LEN);
+    memcpy(row.tenant, k->tenant, SC_KEY_LEN);
+    memcpy(row.params, k->params, SC_KEY_LEN);
+    sc_background_put(c->bg, &row);
+}
+
 int blade_semcache_insert(blade_semcache *c, const blade_semcache_key *key, const float *embedding,
                           const blade_semcache_response *response, blade_error *err)
 {
@@ -745,19 +614,12 @@ int blade_semcache_insert(blade_semcache *c, const blade_semcache_key *key, cons
     }
     memcpy(e->key, k.exact, SC_KEY_LEN);
     e->created = now_of(c);
-    sc_op *op = put_op(c, e, &k, key->model, vec);
-    if (c->store && !op) {
-        pthread_mutex_lock(&c->bg_mu);
-        c->db_dropped++;
-        pthread_mutex_unlock(&c->bg_mu);
-    }
     pthread_rwlock_wrlock(&c->lock);
     int rc = insert_locked(c, e, &k, key->model, vec, err);
-    if (rc == 0 && op)
-        enqueue(c, op);
+    if (rc == 0)
+        persist(c, e, &k, key->model, vec);
     pthread_rwlock_unlock(&c->lock);
     if (rc) {
-        free(op);
         free(e);
     } else {
         pthread_mutex_lock(&c->mu);
@@ -789,79 +651,14 @@ int64_t blade_semcache_sweep(blade_semcache *c)
     return n;
 }
 
-/* ---- the background thread ---- */
-
-static void deadline_in(struct timespec *ts, double seconds)
+static void sweep_tick(void *ctx)
 {
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    double whole = floor(seconds);
-    ts->tv_sec += (time_t)whole;
-    ts->tv_nsec += (long)((seconds - whole) * 1e9);
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
-static void *background(void *arg)
-{
-    blade_semcache *c = arg;
-    bool sweeping = c->cfg.sweep_interval_s > 0 && c->cfg.ttl_s > 0;
-    double next_sweep = monotonic_now() + c->cfg.sweep_interval_s;
-    pthread_mutex_lock(&c->bg_mu);
-    for (;;) {
-        if (!c->queue_head && !c->stopping) {
-            if (sweeping) {
-                struct timespec ts;
-                deadline_in(&ts, fmax(next_sweep - monotonic_now(), 0.0));
-                pthread_cond_timedwait(&c->bg_wake, &c->bg_mu, &ts);
-            } else {
-                pthread_cond_wait(&c->bg_wake, &c->bg_mu);
-            }
-        }
-        if (c->queue_head) {
-            sc_op *batch = c->queue_head;
-            uint64_t n = 0;
-            for (sc_op *op = batch; op; op = op->next)
-                n++;
-            c->queue_head = c->queue_tail = NULL;
-            c->queue_bytes = 0;
-            pthread_mutex_unlock(&c->bg_mu);
-            write_batch(c, batch, n);
-            free_ops(batch);
-            pthread_mutex_lock(&c->bg_mu);
-            c->ops_done += n;
-            pthread_cond_broadcast(&c->bg_done);
-            continue;
-        }
-        if (c->stopping)
-            break;
-        if (sweeping && monotonic_now() >= next_sweep) {
-            pthread_mutex_unlock(&c->bg_mu);
-            blade_semcache_sweep(c);
-            pthread_mutex_lock(&c->bg_mu);
-            next_sweep = monotonic_now() + c->cfg.sweep_interval_s;
-        }
-    }
-    pthread_mutex_unlock(&c->bg_mu);
-    return NULL;
+    blade_semcache_sweep(ctx);
 }
 
 int blade_semcache_flush(blade_semcache *c, blade_error *err)
 {
-    if (!c->store)
-        return 0;
-    pthread_mutex_lock(&c->bg_mu);
-    uint64_t target = c->ops_queued;
-    while (c->ops_done < target)
-        pthread_cond_wait(&c->bg_done, &c->bg_mu);
-    int rc = 0;
-    if (c->db_failure[0]) {
-        rc = blade_error_set(err, "semantic cache: %s", c->db_failure);
-        c->db_failure[0] = 0;
-    }
-    pthread_mutex_unlock(&c->bg_mu);
-    return rc;
+    return c->store ? sc_background_flush(c->bg, err) : 0;
 }
 
 /* ---- stats ---- */
@@ -900,11 +697,10 @@ void blade_semcache_get_stats(blade_semcache *c, blade_semcache_stats *out)
              &out->miss_similarity.sum);
     pthread_mutex_unlock(&c->mu);
     pthread_rwlock_unlock(&c->lock);
-    pthread_mutex_lock(&c->bg_mu);
-    out->db_writes = c->db_writes;
-    out->db_errors = c->db_errors;
-    out->db_dropped = c->db_dropped;
-    pthread_mutex_unlock(&c->bg_mu);
+    sc_background_counts db = sc_background_get_counts(c->bg);
+    out->db_writes = db.writes;
+    out->db_errors = db.errors;
+    out->db_dropped = db.dropped;
 }
 
 /* ---- open, load, close ---- */
@@ -985,7 +781,7 @@ static int load_row(void *ctx, const sc_row *row, int64_t i, int64_t n, blade_er
     if (e->bytes > c->cfg.max_bytes || expired_at(c, row->created, l->now)) {
         /* fine rows this cache no longer keeps */
         l->expired++;
-        enqueue_key(c, OP_DELETE, row->key, 0.0);
+        sc_background_delete(c->bg, row->key);
         free(e);
         free(vec);
         return 0;
@@ -1021,12 +817,6 @@ static void clear_entries(blade_semcache *c)
     pthread_mutex_lock(&c->mu);
     c->evictions = c->expirations = 0;
     pthread_mutex_unlock(&c->mu);
-    pthread_mutex_lock(&c->bg_mu);
-    free_ops(c->queue_head);
-    c->queue_head = c->queue_tail = NULL;
-    c->queue_bytes = 0;
-    c->ops_queued = c->ops_done = 0;
-    pthread_mutex_unlock(&c->bg_mu);
 }
 
 /* Loads the database; a row that fails its checks sets the whole file aside. */
@@ -1042,6 +832,7 @@ static int load(blade_semcache *c, blade_error *err)
         return 0;
     }
     clear_entries(c);
+    sc_background_discard(c->bg);
     return sc_store_set_aside(c->store, why.msg, err);
 }
 
@@ -1065,41 +856,29 @@ blade_semcache *blade_semcache_open(const blade_semcache_config *cfg, blade_erro
     c->db_path = cfg->db_path ? strdup(cfg->db_path) : NULL;
     c->cfg.embedder = c->embedder;
     c->cfg.db_path = c->db_path;
-    int32_t dim = cfg->dim > 0 ? cfg->dim : 1;
+    int32_t scan_max = SCAN_FLOATS / (cfg->dim > 0 ? cfg->dim : 1);
+    if (scan_max < SCAN_MIN_ENTRIES)
+        scan_max = SCAN_MIN_ENTRIES;
     c->index_params = (sc_vindex_params){
         .dim = cfg->dim,
         .kind = cfg->index,
-        .exact_scan_max = cfg->exact_scan_max ? cfg->exact_scan_max : (DEFAULT_SCAN_FLOATS + dim - 1) / dim,
+        .exact_scan_max = cfg->exact_scan_max ? cfg->exact_scan_max : scan_max,
         .hnsw_m = cfg->hnsw_m ? cfg->hnsw_m : 16,
         .hnsw_ef_construction = cfg->hnsw_ef_construction ? cfg->hnsw_ef_construction : 100,
         .hnsw_ef_search = cfg->hnsw_ef_search ? cfg->hnsw_ef_search : 64,
     };
     pthread_rwlock_init(&c->lock, NULL);
     pthread_mutex_init(&c->mu, NULL);
-    pthread_mutex_init(&c->bg_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->bg_wake, &ca);
-    pthread_condattr_destroy(&ca);
-    pthread_cond_init(&c->bg_done, NULL);
-    c->last_db_warning = -DB_WARN_INTERVAL_S;
     if (!c->embedder || (cfg->db_path && !c->db_path)) {
         blade_error_set(err, "semantic cache: out of memory");
         goto fail;
     }
-    if (c->db_path) {
-        c->store = sc_store_open(c->db_path, cfg->dim, c->embedder, c->cfg.log, c->cfg.log_ctx, err);
-        if (!c->store || load(c, err))
-            goto fail;
-    }
-    if (c->store || (c->cfg.sweep_interval_s > 0 && c->cfg.ttl_s > 0)) {
-        if (pthread_create(&c->thread, NULL, background, c) != 0) {
-            blade_error_set(err, "semantic cache: cannot start its thread");
-            goto fail;
-        }
-        c->thread_started = true;
-    }
+    if (c->db_path && !(c->store = sc_store_open(c->db_path, cfg->dim, c->embedder, c->cfg.log, c->cfg.log_ctx, err)))
+        goto fail;
+    double tick = c->cfg.ttl_s > 0 ? c->cfg.sweep_interval_s : -1.0;
+    c->bg = sc_background_new(c->store, cfg->dim, tick, sweep_tick, c, c->cfg.log, c->cfg.log_ctx, err);
+    if (!c->bg || (c->store && load(c, err)) || sc_background_run(c->bg, err))
+        goto fail;
     return c;
 fail:
     blade_semcache_close(c);
@@ -1110,27 +889,15 @@ void blade_semcache_close(blade_semcache *c)
 {
     if (!c)
         return;
-    if (c->thread_started) {
-        pthread_mutex_lock(&c->bg_mu);
-        c->stopping = true;
-        pthread_cond_signal(&c->bg_wake);
-        pthread_mutex_unlock(&c->bg_mu);
-        pthread_join(c->thread, NULL);
-    }
-    /* what is still queued was queued before the thread could run (a failed open) */
-    free_ops(c->queue_head);
-    c->queue_head = NULL;
-    sc_store *store = c->store;
-    c->store = NULL; /* nothing more to write */
+    /* writes what is queued; after this nothing is written */
+    sc_background_free(c->bg);
+    c->bg = NULL;
     clear_entries(c);
-    sc_store_close(store);
+    sc_store_close(c->store);
     sc_digest_map_free(&c->entries);
     sc_digest_map_free(&c->partitions);
     pthread_rwlock_destroy(&c->lock);
     pthread_mutex_destroy(&c->mu);
-    pthread_mutex_destroy(&c->bg_mu);
-    pthread_cond_destroy(&c->bg_wake);
-    pthread_cond_destroy(&c->bg_done);
     free(c->embedder);
     free(c->db_path);
     free(c);
