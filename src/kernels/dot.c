@@ -22,6 +22,22 @@ static float dot_scalar(const float *a, const float *b, int64_t n)
     return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
+/* The row with the largest product, first on ties; one instance per ISA, each with its dot
+ * product inlined. */
+#define BEST_ROW(name, target, dot)                                                                      \
+    static target int64_t name(const float *rows, int64_t n_rows, int64_t n, const float *q, float *best) \
+    {                                                                                                    \
+        int64_t at = -1;                                                                                 \
+        for (int64_t r = 0; r < n_rows; r++) {                                                           \
+            float s = dot(rows + r * n, q, n);                                                           \
+            if (at < 0 || s > *best) {                                                                   \
+                *best = s;                                                                               \
+                at = r;                                                                                  \
+            }                                                                                            \
+        }                                                                                                \
+        return at;                                                                                       \
+    }
+
 #if defined(__x86_64__)
 
 #define TGT_AVX2 __attribute__((target("avx2,fma")))
@@ -78,46 +94,12 @@ static TGT_AVX512 float dot_avx512(const float *a, const float *b, int64_t n)
     return dot_avx512_inline(a, b, n);
 }
 
-static TGT_AVX2 int64_t best_row_avx2(const float *rows, int64_t n_rows, int64_t n, const float *q, float *best)
-{
-    int64_t at = -1;
-    for (int64_t r = 0; r < n_rows; r++) {
-        float s = dot_avx2_inline(rows + r * n, q, n);
-        if (at < 0 || s > *best) {
-            *best = s;
-            at = r;
-        }
-    }
-    return at;
-}
-
-static TGT_AVX512 int64_t best_row_avx512(const float *rows, int64_t n_rows, int64_t n, const float *q, float *best)
-{
-    int64_t at = -1;
-    for (int64_t r = 0; r < n_rows; r++) {
-        float s = dot_avx512_inline(rows + r * n, q, n);
-        if (at < 0 || s > *best) {
-            *best = s;
-            at = r;
-        }
-    }
-    return at;
-}
+BEST_ROW(best_row_avx2, TGT_AVX2, dot_avx2_inline)
+BEST_ROW(best_row_avx512, TGT_AVX512, dot_avx512_inline)
 
 #endif
 
-static int64_t best_row_scalar(const float *rows, int64_t n_rows, int64_t n, const float *q, float *best)
-{
-    int64_t at = -1;
-    for (int64_t r = 0; r < n_rows; r++) {
-        float s = dot_scalar(rows + r * n, q, n);
-        if (at < 0 || s > *best) {
-            *best = s;
-            at = r;
-        }
-    }
-    return at;
-}
+BEST_ROW(best_row_scalar, , dot_scalar)
 
 float blade_dot_f32(const float *a, const float *b, int64_t n)
 {

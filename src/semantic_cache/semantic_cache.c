@@ -211,6 +211,18 @@ static float *unit_copy(const blade_semcache *c, const float *v, blade_error *er
     return q;
 }
 
+/* The request's keys, and its embedding at unit length (NULL when none was given or the
+ * semantic tier is off). */
+static int prepare(const blade_semcache *c, const blade_semcache_key *key, const float *embedding, keys *k,
+                   float **vec, blade_error *err)
+{
+    *vec = NULL;
+    if (make_keys(key, k, err))
+        return -1;
+    *vec = unit_copy(c, embedding, err);
+    return embedding && c->cfg.dim && !*vec ? -1 : 0;
+}
+
 static bool expired_at(const blade_semcache *c, double created, double now)
 {
     return c->cfg.ttl_s > 0 && now - created >= c->cfg.ttl_s;
@@ -478,10 +490,8 @@ static int lookup(blade_semcache *c, const blade_semcache_key *key, const float 
     double t0 = monotonic_now();
     memset(hit, 0, sizeof *hit);
     keys k;
-    if (make_keys(key, &k, err))
-        return -1;
-    float *q = unit_copy(c, embedding, err);
-    if (embedding && c->cfg.dim && !q)
+    float *q;
+    if (prepare(c, key, embedding, &k, &q, err))
         return -1;
     double now = now_of(c);
     int rc = BLADE_SEMCACHE_MISS;
@@ -594,10 +604,8 @@ int blade_semcache_insert(blade_semcache *c, const blade_semcache_key *key, cons
                           const blade_semcache_response *response, blade_error *err)
 {
     keys k;
-    if (make_keys(key, &k, err))
-        return -1;
-    float *vec = unit_copy(c, embedding, err);
-    if (embedding && c->cfg.dim && !vec)
+    float *vec;
+    if (prepare(c, key, embedding, &k, &vec, err))
         return -1;
     sc_entry *e = new_entry(c, response, vec != NULL, err);
     if (!e) {
