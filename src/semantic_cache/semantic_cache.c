@@ -1,6 +1,6 @@
 /* The semantic cache (see blade/semantic_cache.h): entries and their partitions, the two
- * lookup tiers, LRU eviction, TTL expiry, statistics, and the background thread that
- * writes to the database and sweeps expired entries.
+ * lookup tiers, LRU eviction, TTL expiry, statistics, and loading the database (writing it,
+ * and the periodic sweep, are background.c's).
  *
  * Locking: `lock` (read/write) guards the maps, partitions, indexes and which entries
  * exist; lookups hold it shared, so they run in parallel, and take `mu` for the few
@@ -451,15 +451,18 @@ static void touch(blade_semcache *c, sc_entry *e, double now)
     sc_background_touch(c->bg, e->key, now);
 }
 
+typedef struct expired_list {
+    const blade_semcache *c;
+    double now;
+    sc_entry **end;
+} expired_list;
+
 static void collect_expired(void *ctx, sc_vindex_item *item)
 {
-    void **a = ctx;
-    blade_semcache *c = a[0];
-    sc_entry ***out = a[1];
-    const double *now = a[2];
+    expired_list *l = ctx;
     sc_entry *e = entry_of(item);
-    if (expired(c, e, *now))
-        *(*out)++ = e;
+    if (expired(l->c, e, l->now))
+        *l->end++ = e;
 }
 
 /* Removes the partition's expired entries and the exact key's if expired (write lock). */
@@ -471,16 +474,14 @@ static void purge_expired(blade_semcache *c, const keys *k, double now)
     sc_partition *p = sc_digest_map_find(&c->partitions, k->part);
     if (!p || !p->index)
         return;
-    int64_t n = sc_vindex_count(p->index);
-    sc_entry **list = malloc((size_t)(n ? n : 1) * sizeof *list), **end = list;
+    sc_entry **list = malloc((size_t)(sc_vindex_count(p->index) + 1) * sizeof *list);
     if (!list)
         return;
-    void *ctx[] = {c, &end, &now};
-    sc_vindex_each(p->index, collect_expired, ctx);
-    /* removing the last one may free the partition: count first */
-    int64_t n_expired = end - list;
-    for (int64_t i = 0; i < n_expired; i++)
-        remove_entry(c, list[i], GONE_EXPIRED);
+    /* collected first: removing changes the index (and the last removal frees it) */
+    expired_list l = {.c = c, .now = now, .end = list};
+    sc_vindex_each(p->index, collect_expired, &l);
+    for (sc_entry **it = list; it < l.end; it++)
+        remove_entry(c, *it, GONE_EXPIRED);
     free(list);
 }
 
