@@ -751,7 +751,7 @@ static int check_config(const blade_semcache_config *cfg, blade_error *err)
 typedef struct loader {
     blade_semcache *c;
     double now, started, last_report;
-    int64_t expired;
+    int64_t dropped; /* expired or too large */
 } loader;
 
 /* One row from the database, every value checked: the file is not trusted. */
@@ -772,6 +772,12 @@ static int load_row(void *ctx, const sc_row *row, int64_t i, int64_t n, blade_er
         return blade_error_set(err, "empty model id");
     if (sc_digest_map_find(&c->entries, row->key))
         return blade_error_set(err, "key stored twice");
+    if (row->text_len + row->extra_len > (uint64_t)c->cfg.max_bytes || expired_at(c, row->created, l->now)) {
+        /* rows this cache no longer keeps (a smaller capacity, a shorter TTL): not copied */
+        l->dropped++;
+        sc_background_delete(c->bg, row->key);
+        return 0;
+    }
     float *vec = NULL;
     if (row->embedding && !(vec = unit_copy(c, row->embedding, err)))
         return -1;
@@ -787,9 +793,8 @@ static int load_row(void *ctx, const sc_row *row, int64_t i, int64_t n, blade_er
         free(vec);
         return -1;
     }
-    if (e->bytes > c->cfg.max_bytes || expired_at(c, row->created, l->now)) {
-        /* fine rows this cache no longer keeps */
-        l->expired++;
+    if (e->bytes > c->cfg.max_bytes) {
+        l->dropped++;
         sc_background_delete(c->bg, row->key);
         free(e);
         free(vec);
@@ -835,9 +840,9 @@ static int load(blade_semcache *c, blade_error *err)
     l.last_report = l.started;
     blade_error why = {{0}};
     if (sc_store_load(c->store, load_row, &l, &why) == 0) {
-        if (c->n_entries || l.expired)
+        if (c->n_entries || l.dropped)
             logf_(c, "semantic cache: loaded %" PRId64 " entries from %s in %.1f s (%" PRId64 " expired or too large)",
-                  c->n_entries, c->db_path, monotonic_now() - l.started, l.expired);
+                  c->n_entries, c->db_path, monotonic_now() - l.started, l.dropped);
         return 0;
     }
     clear_entries(c);
