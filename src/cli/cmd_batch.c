@@ -3,6 +3,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/engine_options.h"
+#include "common/file.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -344,16 +345,16 @@ int cmd_batch(int argc, char **argv)
     }
 
     rc = 1;
-    FILE *in = fopen(in_path, "rb");
+    blade_error err = {{0}};
+    FILE *in = blade_fopen_regular(in_path, &err);
     if (!in) {
-        fprintf(stderr, "error: cannot open %s: %s\n", in_path, strerror(errno));
+        fprintf(stderr, "error: %s\n", err.msg);
         goto out;
     }
     batch_run b = {0};
     b.sink.fd = -1;
     b.tty = isatty(STDERR_FILENO);
     b.lines_total = b.tty ? count_lines(in) : -1;
-    blade_error err = {{0}};
     blade_model *m = blade_model_load(model_path, &err);
     blade_engine *e = NULL;
     api_model am = {0};
