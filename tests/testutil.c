@@ -97,11 +97,11 @@ char *temp_path(const char *name)
     return join(BLADE_TEST_TMPDIR, name);
 }
 
-int run_blade(const char *args, char **out, int merge_stderr)
+static int run_prefixed(const char *prefix, const char *args, char **out, int merge_stderr)
 {
-    size_t n = strlen(BLADE_BINARY) + strlen(args) + 32;
+    size_t n = strlen(prefix) + strlen(BLADE_BINARY) + strlen(args) + 32;
     char *cmd = malloc(n);
-    snprintf(cmd, n, "'%s' %s%s", BLADE_BINARY, args, merge_stderr ? " 2>&1" : " 2>/dev/null");
+    snprintf(cmd, n, "%s'%s' %s%s", prefix, BLADE_BINARY, args, merge_stderr ? " 2>&1" : " 2>/dev/null");
     FILE *p = popen(cmd, "r");
     free(cmd);
     if (!p)
@@ -123,4 +123,16 @@ int run_blade(const char *args, char **out, int merge_stderr)
     else
         free(buf);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int run_blade(const char *args, char **out, int merge_stderr)
+{
+    return run_prefixed("", args, out, merge_stderr);
+}
+
+int run_blade_within(int seconds, const char *args, char **out, int merge_stderr)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "timeout -k 2 %d ", seconds);
+    return run_prefixed(prefix, args, out, merge_stderr);
 }

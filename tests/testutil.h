@@ -33,5 +33,8 @@ char *temp_path(const char *name);
 /* Runs the blade binary with a shell-quoted argument string; returns its exit status
  * and, if out is non-NULL, stdout (+ stderr when merge_stderr) as a malloc'd string. */
 int run_blade(const char *args, char **out, int merge_stderr);
+/* The same, killed after `seconds` (status 124 then), for a command that must not block:
+ * a regression then fails the test instead of hanging it. */
+int run_blade_within(int seconds, const char *args, char **out, int merge_stderr);
 
 #endif

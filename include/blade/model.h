@@ -68,6 +68,9 @@ typedef struct blade_model {
     blade_weight tok_embd;
     blade_weight output_norm;
     blade_weight output; /* == tok_embd when tied */
+    /* Llama 3.1-style RoPE frequency factors, F32, one per rotated pair: pair i turns at
+     * its usual frequency divided by factor i. data NULL when the file has none. */
+    blade_weight rope_freqs;
     blade_layer *layers;
     uint64_t n_params;
     size_t weight_bytes;

@@ -102,8 +102,8 @@ int cmd_info(int argc, char **argv)
     printf("heads:         %d query, %d KV (GQA group %d), head dim %d\n", hp->n_head, hp->n_head_kv,
            hp->n_head / hp->n_head_kv, hp->head_dim);
     printf("feed-forward:  %d (SwiGLU)\n", hp->n_ff);
-    printf("rope:          %s, %d dims, base %g, linear scale %g\n", hp->rope_neox ? "NeoX" : "normal", hp->n_rot,
-           hp->rope_base, hp->rope_scale);
+    printf("rope:          %s, %d dims, base %g, linear scale %g%s\n", hp->rope_neox ? "NeoX" : "normal", hp->n_rot,
+           hp->rope_base, hp->rope_scale, m->rope_freqs.data ? ", per-pair frequency factors (rope_freqs)" : "");
     printf("rms norm eps:  %g\n", hp->rms_eps);
     printf("extras:        %s%s%s\n", hp->tied_embeddings ? "tied embeddings " : "",
            m->layers[0].bq.data ? "QKV bias " : "", m->layers[0].q_norm.data ? "Q/K RMSNorm" : "");

@@ -3,9 +3,9 @@
 #include "blade/gguf.h"
 #include "blade/tokenizer.h"
 #include "blade/types.h"
+#include "common/file.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,9 +21,9 @@ typedef struct mapped {
 
 static int map_file(const char *path, mapped *m, blade_error *err)
 {
-    int fd = open(path, O_RDONLY);
+    int fd = blade_open_regular(path, err);
     if (fd < 0)
-        return blade_error_set(err, "%s: %s", path, strerror(errno));
+        return -1;
     struct stat st;
     if (fstat(fd, &st) != 0 || st.st_size <= 0) {
         close(fd);

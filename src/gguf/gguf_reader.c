@@ -1,5 +1,7 @@
 #include "gguf_internal.h"
 
+#include "common/file.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <float.h>
@@ -696,19 +698,12 @@ gguf_file *gguf_open(const char *path, blade_error *err)
         blade_error_set(err, "gguf: no path given");
         return NULL;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        blade_error_set(err, "%s: cannot open: %s", path, strerror(errno));
+    int fd = blade_open_regular(path, err);
+    if (fd < 0)
         return NULL;
-    }
     struct stat st;
     if (fstat(fd, &st) != 0) {
         blade_error_set(err, "%s: cannot stat: %s", path, strerror(errno));
-        close(fd);
-        return NULL;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        blade_error_set(err, "%s: not a regular file", path);
         close(fd);
         return NULL;
     }

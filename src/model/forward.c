@@ -154,12 +154,15 @@ static void rmsnorm(float *out, const float *x, const blade_weight *w, int64_t n
 
 /* Rotates the first n_rot dims of one head. Llama GGUFs pair adjacent dims (2i, 2i+1);
  * NeoX-style models pair dims half a rotation apart (i, i + n_rot/2). */
-static void rope(float *head, int32_t pos, const blade_hparams *hp)
+static void rope(float *head, int32_t pos, const blade_hparams *hp, const float *freq_factors)
 {
     int half = hp->n_rot / 2;
     float p = (float)pos / hp->rope_scale;
     for (int i = 0; i < half; i++) {
-        float theta = p * powf(hp->rope_base, -2.0f * (float)i / (float)hp->n_rot);
+        float inv_freq = powf(hp->rope_base, -2.0f * (float)i / (float)hp->n_rot);
+        if (freq_factors)
+            inv_freq /= freq_factors[i];
+        float theta = p * inv_freq;
         float c = cosf(theta), s = sinf(theta);
         int a = hp->rope_neox ? i : 2 * i;
         int b = hp->rope_neox ? i + half : 2 * i + 1;
@@ -255,13 +258,13 @@ int blade_forward_token(blade_forward *f, int32_t token, int32_t pos, bool want_
             float *qh = f->q + (size_t)h * hd;
             if (L->q_norm.data)
                 rmsnorm(qh, qh, &L->q_norm, hd, hp->rms_eps, f->vec);
-            rope(qh, pos, hp);
+            rope(qh, pos, hp, m->rope_freqs.data);
         }
         for (int h = 0; h < hp->n_head_kv; h++) {
             float *kh = f->k + (size_t)h * hd;
             if (L->k_norm.data)
                 rmsnorm(kh, kh, &L->k_norm, hd, hp->rms_eps, f->vec);
-            rope(kh, pos, hp);
+            rope(kh, pos, hp, m->rope_freqs.data);
         }
         size_t slot = ((size_t)l * f->n_ctx + pos) * kv_dim;
         memcpy(f->key_cache + slot, f->k, (size_t)kv_dim * sizeof(float));

@@ -147,8 +147,12 @@ blade_runner *blade_runner_new(const blade_model *m, blade_kv_store *kv, blade_t
         blade_runner_free(r);
         return blade_error_set(err, "out of memory for a runner of %d batch tokens", max_batch_tokens), NULL;
     }
-    for (int i = 0; i < hp->n_rot / 2; i++)
+    const float *freq_factors = m->rope_freqs.data;
+    for (int i = 0; i < hp->n_rot / 2; i++) {
         r->rope_inv_freq[i] = powf(hp->rope_base, -2.0f * (float)i / (float)hp->n_rot);
+        if (freq_factors)
+            r->rope_inv_freq[i] /= freq_factors[i];
+    }
     return r;
 }
 
