@@ -76,7 +76,7 @@ struct blade_engine {
     float *logprobs; /* [n_vocab] */
     uint64_t computed_tokens, generated_tokens, finished;
     int32_t max_running;
-    const blade_kv_seq **live_kv; /* scratch for invariant checks */
+    const blade_kv_cache_seq **live_kv; /* scratch for invariant checks */
     int32_t cap_live_kv;
     uint64_t invariant_checks;
     char invariant_error[600];
@@ -210,7 +210,7 @@ static void request_free(request_state *r)
     free(r->piece);
     free(r->text);
     free(r->salt);
-    blade_kv_seq_destroy(&r->seq.kv);
+    blade_kv_cache_seq_destroy(&r->seq.kv);
     free(r);
 }
 
@@ -422,7 +422,7 @@ static void live_unlink(blade_engine *e, request_state *r)
 
 static void live_add(blade_engine *e, request_state *r)
 {
-    blade_kv_seq_init(&r->seq.kv, e->kv, r->salt, r->salt ? strlen(r->salt) : 0);
+    blade_kv_cache_seq_init(&r->seq.kv, e->kv, r->salt, r->salt ? strlen(r->salt) : 0);
     r->prev_live = NULL;
     r->next_live = e->live;
     if (e->live)
@@ -495,7 +495,7 @@ static void fill_usage(const request_state *r, blade_token_event *ev)
 static void retire(blade_engine *e, request_state *r)
 {
     if (r->pin_prefix && r->seq.n_computed >= r->seq.n_prompt)
-        blade_kv_pin_prefix(e->kv, r->tokens, r->seq.n_prompt, r->salt, r->salt ? strlen(r->salt) : 0);
+        blade_kv_cache_pin_prefix(e->kv, r->tokens, r->seq.n_prompt, r->salt, r->salt ? strlen(r->salt) : 0);
     if (r->seq.state != BLADE_SEQ_FINISHED)
         blade_scheduler_remove(e->sched, &r->seq);
     live_unlink(e, r);
@@ -717,7 +717,7 @@ static void check_invariants(blade_engine *e)
     for (request_state *r = e->live; r; r = r->next_live)
         n++;
     if (n > e->cap_live_kv) {
-        const blade_kv_seq **grown = realloc(e->live_kv, (size_t)n * 2 * sizeof *grown);
+        const blade_kv_cache_seq **grown = realloc(e->live_kv, (size_t)n * 2 * sizeof *grown);
         if (!grown)
             return;
         e->live_kv = grown;
