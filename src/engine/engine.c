@@ -142,7 +142,8 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
         free(e);
         return blade_error_set(err, "block size %d is out of range (1..1024)", cfg->block_size), NULL;
     }
-    size_t block_bytes = blade_kv_block_bytes(&m->hp, cfg->kv_type, cfg->block_size);
+    blade_kv_store_config store_cfg = blade_model_kv_config(&m->hp, cfg->kv_type, cfg->block_size, 0);
+    size_t block_bytes = blade_kv_store_block_bytes(&store_cfg);
     int64_t n_blocks = (int64_t)(cfg->kv_mem_bytes / block_bytes);
     if (n_blocks < 1 || n_blocks > INT32_MAX / cfg->block_size) {
         free(e);
@@ -150,6 +151,7 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
                                cfg->kv_mem_bytes, (long long)n_blocks, block_bytes, INT32_MAX / cfg->block_size),
                NULL;
     }
+    store_cfg.n_blocks = (int32_t)n_blocks;
     blade_kv_cache_config kc = {.n_blocks = (int32_t)n_blocks, .block_size = cfg->block_size,
                                 .prefix_caching = cfg->prefix_caching};
     model_identity(m, kc.model_id);
@@ -162,7 +164,7 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
         runner_tokens = cfg->sched.max_seqs;
     e->piece_cap = blade_tokenizer_max_token_bytes(m->tokenizer) + 16;
     e->pool = blade_threadpool_new(cfg->n_threads);
-    e->store = e->pool ? blade_kv_store_new(&m->hp, cfg->kv_type, cfg->block_size, (int32_t)n_blocks, err) : NULL;
+    e->store = e->pool ? blade_kv_store_new(&store_cfg, err) : NULL;
     e->kv = e->store ? blade_kv_cache_new(&kc, err) : NULL;
     e->sched = e->kv ? blade_scheduler_new(&cfg->sched, e->kv, err) : NULL;
     e->runner = e->sched ? blade_runner_new(m, e->store, e->pool, runner_tokens, err) : NULL;

@@ -131,7 +131,7 @@ size_t blade_attention_scratch_bytes(const blade_kv_store *kv, int32_t n_q, int3
 
 static void prefetch_block(const blade_kv_store *kv, int32_t layer, int32_t block, int32_t head)
 {
-    const uint8_t *k = blade_kv_k(kv, layer, block, head), *v = blade_kv_v(kv, layer, block, head);
+    const uint8_t *k = blade_kv_store_k(kv, layer, block, head), *v = blade_kv_store_v(kv, layer, block, head);
     for (size_t off = 0; off < kv->head_stride; off += 64) {
         __builtin_prefetch(k + off);
         __builtin_prefetch(v + off);
@@ -192,8 +192,8 @@ void blade_attention(const blade_attention_args *a)
             /* All keys of the block, including slots no query of this call may see: it
              * keeps the converted tile independent of the call, and those lanes are
              * masked out of every score. */
-            kt_loader->load_kt(kv->type, blade_kv_k(kv, a->layer, phys, kvh), kt, bs, hd, tile.bp);
-            const uint8_t *v = blade_kv_v(kv, a->layer, phys, kvh);
+            kt_loader->load_kt(kv->type, blade_kv_store_k(kv, a->layer, phys, kvh), kt, bs, hd, tile.bp);
+            const uint8_t *v = blade_kv_store_v(kv, a->layer, phys, kvh);
             if (kv->type == BLADE_KV_F32) {
                 tile.v = (const float *)v;
             } else {

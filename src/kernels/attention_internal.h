@@ -11,7 +11,7 @@
  * all keys of the tile are a lane-wise multiply-add over head_dim, never a horizontal sum
  * whose shape could depend on anything but the query; values as [slot][head_dim]. */
 
-#include "blade/kv_store.h"
+#include "blade/kv_type.h"
 #include "exp_neg.h"
 
 #include <stdbool.h>

@@ -1,0 +1,25 @@
+#ifndef BLADE_KV_TYPE_INTERNAL_H
+#define BLADE_KV_TYPE_INTERNAL_H
+
+/* A KV element type's row: what the store needs to know about it. */
+
+#include "blade/kv_type.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kv_type_traits {
+    const char *name; /* as --kv-type spells it */
+    size_t elem_bytes;
+    /* A float scale per (layer, block, KV head) of K and of V, which write_row maintains. */
+    bool has_scales;
+    /* Rounds one token's n floats of one KV head into the type at dst; scale is the
+     * block's scale for the head (NULL for a type without scales). */
+    void (*write_row)(const float *src, uint8_t *dst, int32_t n, float *scale);
+} kv_type_traits;
+
+/* NULL for a value that is not a type. */
+const kv_type_traits *kv_type_traits_of(blade_kv_type t);
+
+#endif
