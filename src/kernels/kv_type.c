@@ -27,10 +27,18 @@ static void write_bf16(const float *src, uint8_t *dst, int32_t n, float *scale)
     blade_row_from_float(BLADE_TYPE_BF16, src, dst, n);
 }
 
+#if defined(__x86_64__)
+#define TILES(type)                                                                                              \
+    {[BLADE_ISA_SCALAR] = &blade_attn_tile_##type##_scalar, [BLADE_ISA_AVX2] = &blade_attn_tile_##type##_avx2,  \
+     [BLADE_ISA_AVX512] = &blade_attn_tile_##type##_avx512}
+#else
+#define TILES(type) {[BLADE_ISA_SCALAR] = &blade_attn_tile_##type##_scalar}
+#endif
+
 static const kv_type_traits kv_types[BLADE_KV_TYPE_COUNT] = {
-    [BLADE_KV_F16] = {.name = "f16", .elem_bytes = 2, .write_row = write_f16},
-    [BLADE_KV_F32] = {.name = "f32", .elem_bytes = 4, .write_row = write_f32},
-    [BLADE_KV_BF16] = {.name = "bf16", .elem_bytes = 2, .write_row = write_bf16},
+    [BLADE_KV_F16] = {.name = "f16", .elem_bytes = 2, .write_row = write_f16, .tile = TILES(f16)},
+    [BLADE_KV_F32] = {.name = "f32", .elem_bytes = 4, .write_row = write_f32, .tile = TILES(f32)},
+    [BLADE_KV_BF16] = {.name = "bf16", .elem_bytes = 2, .write_row = write_bf16, .tile = TILES(bf16)},
 };
 
 const kv_type_traits *kv_type_traits_of(blade_kv_type t)
