@@ -35,7 +35,6 @@ typedef struct shape {
  * wrong layer offset shows), reached through a scrambled block table. */
 typedef struct scene {
     shape sh;
-    blade_hparams hp;
     blade_kv_store *kv;
     int32_t n_head, n_ctx;
     uint64_t seed;
@@ -64,7 +63,7 @@ static void write_pos(const scene *s, int32_t pos)
         v[i] = uniform(&st);
     }
     int32_t bs = s->sh.block_size;
-    blade_kv_write(s->kv, LAYER, s->table[pos / bs], pos % bs, k, v);
+    blade_kv_store_write(s->kv, LAYER, s->table[pos / bs], pos % bs, k, v);
     free(k);
 }
 
@@ -78,7 +77,7 @@ static void poison(const scene *s)
         nan_row[i] = NAN;
     for (int32_t b = 0; b < s->kv->n_blocks; b++)
         for (int32_t slot = 0; slot < s->sh.block_size; slot++)
-            blade_kv_write(s->kv, LAYER, b, slot, nan_row, nan_row);
+            blade_kv_store_write(s->kv, LAYER, b, slot, nan_row, nan_row);
     free(nan_row);
 }
 
@@ -91,15 +90,13 @@ static void scene_init(scene *s, shape sh, int32_t n_ctx, uint64_t seed, uint64_
     s->n_ctx = n_ctx;
     s->seed = seed;
     s->n_head = sh.n_head_kv * sh.group;
-    s->hp.n_layer = 2;
-    s->hp.n_head = s->n_head;
-    s->hp.n_head_kv = sh.n_head_kv;
-    s->hp.head_dim = sh.head_dim;
 
     int32_t needed = (n_ctx + sh.block_size - 1) / sh.block_size;
     int32_t n_blocks = needed + 3;
     blade_error err;
-    s->kv = blade_kv_store_new(&s->hp, sh.type, sh.block_size, n_blocks, &err);
+    blade_kv_store_config cfg = {.n_layer = 2, .n_head_kv = sh.n_head_kv, .head_dim = sh.head_dim, .type = sh.type,
+                                 .block_size = sh.block_size, .n_blocks = n_blocks};
+    s->kv = blade_kv_store_new(&cfg, &err);
     assert_non_null(s->kv);
 
     s->table = malloc((size_t)n_blocks * sizeof *s->table);
@@ -189,7 +186,7 @@ static void reference(const scene *s, int32_t pos, int32_t h, double *out)
     double *w = malloc((size_t)(pos + 1) * sizeof *w);
     double mx = -INFINITY, scale = 1.0 / sqrt((double)hd);
     for (int32_t j = 0; j <= pos; j++) {
-        const uint8_t *k = blade_kv_k(s->kv, LAYER, s->table[j / bs], kvh);
+        const uint8_t *k = blade_kv_store_k(s->kv, LAYER, s->table[j / bs], kvh);
         double dot = 0;
         for (int32_t d = 0; d < hd; d++)
             dot += (double)q[d] * stored(s, k, (size_t)(j % bs) * (size_t)hd + (size_t)d);
@@ -202,7 +199,7 @@ static void reference(const scene *s, int32_t pos, int32_t h, double *out)
     for (int32_t d = 0; d < hd; d++)
         out[d] = 0;
     for (int32_t j = 0; j <= pos; j++) {
-        const uint8_t *v = blade_kv_v(s->kv, LAYER, s->table[j / bs], kvh);
+        const uint8_t *v = blade_kv_store_v(s->kv, LAYER, s->table[j / bs], kvh);
         for (int32_t d = 0; d < hd; d++)
             out[d] += w[j] / sum * stored(s, v, (size_t)(j % bs) * (size_t)hd + (size_t)d);
     }
@@ -252,37 +249,45 @@ static void test_kv_types(void **state)
     assert_int_equal(blade_kv_type_from_name("BF16"), BLADE_KV_BF16);
     assert_int_equal(blade_kv_type_from_name("q8_0"), -1);
 
-    blade_hparams hp = {.n_layer = 32, .n_head_kv = 8, .head_dim = 128};
+    blade_kv_store_config cfg = {
+        .n_layer = 32, .n_head_kv = 8, .head_dim = 128, .type = BLADE_KV_F16, .block_size = 16};
     /* 2 x 32 layers x 8 heads x 128 dims x 16 tokens x 2 bytes. */
-    assert_int_equal(blade_kv_block_bytes(&hp, BLADE_KV_F16, 16), 2097152);
-    assert_int_equal(blade_kv_block_bytes(&hp, BLADE_KV_F32, 16), 4194304);
-    assert_int_equal(blade_kv_block_bytes(&hp, BLADE_KV_F16, 0), 0);
-    hp.n_layer = INT32_MAX;
-    hp.n_head_kv = INT32_MAX;
-    hp.head_dim = INT32_MAX;
-    assert_int_equal(blade_kv_block_bytes(&hp, BLADE_KV_F32, INT32_MAX), 0);
+    assert_int_equal(blade_kv_store_block_bytes(&cfg), 2097152);
+    cfg.type = BLADE_KV_F32;
+    assert_int_equal(blade_kv_store_block_bytes(&cfg), 4194304);
+    cfg.block_size = 0;
+    assert_int_equal(blade_kv_store_block_bytes(&cfg), 0);
+    cfg = (blade_kv_store_config){.n_layer = INT32_MAX, .n_head_kv = INT32_MAX, .head_dim = INT32_MAX,
+                                  .type = BLADE_KV_F32, .block_size = INT32_MAX};
+    assert_int_equal(blade_kv_store_block_bytes(&cfg), 0);
 }
 
 static void test_kv_store_errors(void **state)
 {
     (void)state;
     blade_error err;
-    blade_hparams hp = {.n_layer = 2, .n_head_kv = 2, .head_dim = 64};
-    assert_null(blade_kv_store_new(&hp, BLADE_KV_F16, 0, 10, &err));
+    blade_kv_store_config cfg = {
+        .n_layer = 2, .n_head_kv = 2, .head_dim = 64, .type = BLADE_KV_F16, .block_size = 0, .n_blocks = 10};
+    assert_null(blade_kv_store_new(&cfg, &err));
     assert_non_null(strstr(err.msg, "block_size"));
-    assert_null(blade_kv_store_new(&hp, (blade_kv_type)7, 16, 10, &err));
+    cfg.block_size = 16;
+    cfg.type = (blade_kv_type)7;
+    assert_null(blade_kv_store_new(&cfg, &err));
     assert_non_null(strstr(err.msg, "type"));
-    hp.head_dim = 0;
-    assert_null(blade_kv_store_new(&hp, BLADE_KV_F16, 16, 10, &err));
+    cfg.type = BLADE_KV_F16;
+    cfg.head_dim = 0;
+    assert_null(blade_kv_store_new(&cfg, &err));
     assert_non_null(strstr(err.msg, "head_dim 0"));
 
-    hp = (blade_hparams){.n_layer = 4096, .n_head_kv = 1 << 20, .head_dim = 1 << 20};
-    assert_null(blade_kv_store_new(&hp, BLADE_KV_F32, 1 << 20, 1 << 20, &err));
+    cfg = (blade_kv_store_config){.n_layer = 4096, .n_head_kv = 1 << 20, .head_dim = 1 << 20, .type = BLADE_KV_F32,
+                                  .block_size = 1 << 20, .n_blocks = 1 << 20};
+    assert_null(blade_kv_store_new(&cfg, &err));
     assert_non_null(strstr(err.msg, "overflows"));
 
     /* 2 x 2^46 bytes: refused by any machine that does not overcommit without limit. */
-    hp = (blade_hparams){.n_layer = 1, .n_head_kv = 1, .head_dim = 1 << 15};
-    blade_kv_store *s = blade_kv_store_new(&hp, BLADE_KV_F32, 1 << 14, 1 << 15, &err);
+    cfg = (blade_kv_store_config){.n_layer = 1, .n_head_kv = 1, .head_dim = 1 << 15, .type = BLADE_KV_F32,
+                                  .block_size = 1 << 14, .n_blocks = 1 << 15};
+    blade_kv_store *s = blade_kv_store_new(&cfg, &err);
     if (s)
         blade_kv_store_free(s);
     else
@@ -293,10 +298,11 @@ static void test_kv_write_layout(void **state)
 {
     (void)state;
     const blade_kv_type types[] = {BLADE_KV_F16, BLADE_KV_F32, BLADE_KV_BF16};
-    blade_hparams hp = {.n_layer = 3, .n_head_kv = 2, .head_dim = 5};
     for (int t = 0; t < 3; t++) {
         blade_error err;
-        blade_kv_store *s = blade_kv_store_new(&hp, types[t], 4, 6, &err);
+        blade_kv_store_config cfg = {
+            .n_layer = 3, .n_head_kv = 2, .head_dim = 5, .type = types[t], .block_size = 4, .n_blocks = 6};
+        blade_kv_store *s = blade_kv_store_new(&cfg, &err);
         assert_non_null(s);
         assert_int_equal(s->head_stride, 4 * 5 * s->elem_bytes);
         assert_int_equal(s->block_stride, 2 * s->head_stride);
@@ -305,11 +311,11 @@ static void test_kv_write_layout(void **state)
         float v[10];
         for (int i = 0; i < 10; i++)
             v[i] = -k[i] * 1.5f;
-        blade_kv_write(s, 2, 5, 3, k, v);
+        blade_kv_store_write(s, 2, 5, 3, k, v);
         for (int h = 0; h < 2; h++)
             for (int d = 0; d < 5; d++) {
-                const uint8_t *kp = blade_kv_k(s, 2, 5, h) + (size_t)(3 * 5 + d) * s->elem_bytes;
-                const uint8_t *vp = blade_kv_v(s, 2, 5, h) + (size_t)(3 * 5 + d) * s->elem_bytes;
+                const uint8_t *kp = blade_kv_store_k(s, 2, 5, h) + (size_t)(3 * 5 + d) * s->elem_bytes;
+                const uint8_t *vp = blade_kv_store_v(s, 2, 5, h) + (size_t)(3 * 5 + d) * s->elem_bytes;
                 float kx = k[h * 5 + d], vx = v[h * 5 + d];
                 if (types[t] == BLADE_KV_F32) {
                     assert_memory_equal(kp, &kx, 4);
@@ -322,7 +328,7 @@ static void test_kv_write_layout(void **state)
                 }
             }
         /* The last slot of the last block of the last layer is the end of the area. */
-        assert_ptr_equal(blade_kv_k(s, 2, 5, 1) + s->head_stride, s->k + 3 * 6 * s->block_stride);
+        assert_ptr_equal(blade_kv_store_k(s, 2, 5, 1) + s->head_stride, s->k + 3 * 6 * s->block_stride);
         blade_kv_store_free(s);
     }
 }

@@ -98,7 +98,8 @@ static blade_engine *engine_in_mode(const blade_model *m, size_t kv_blocks, int3
     blade_engine_config_default(&cfg);
     cfg.sched.mode = mode;
     cfg.n_threads = 2;
-    cfg.kv_mem_bytes = kv_blocks * blade_kv_block_bytes(&m->hp, cfg.kv_type, cfg.block_size);
+    blade_kv_store_config store_cfg = blade_model_kv_config(&m->hp, cfg.kv_type, cfg.block_size, 0);
+    cfg.kv_mem_bytes = kv_blocks * blade_kv_store_block_bytes(&store_cfg);
     cfg.sched.max_batch_tokens = budget;
     cfg.sched.max_seqs = max_seqs;
     cfg.check_invariants = true;

@@ -674,7 +674,8 @@ static void test_kv_arithmetic(void **state)
 {
     (void)state;
     blade_hparams hp = {.n_layer = 32, .n_head_kv = 32, .head_dim = 128};
-    assert_int_equal(blade_kv_bytes_per_token(&hp, 2), 512 * 1024);
+    blade_kv_store_config one_token = blade_model_kv_config(&hp, BLADE_KV_F16, 1, 1);
+    assert_int_equal(blade_kv_store_block_bytes(&one_token), 512 * 1024);
     char *model = require_shared("models/stories260K.gguf");
     char args[1024], *out = NULL;
     snprintf(args, sizeof args, "info '%s'", model);

@@ -59,7 +59,8 @@ static rig rig_of(blade_model *m, int threads, blade_kv_type kv_type)
     rig g;
     blade_error err = {{0}};
     g.m = m;
-    g.kv = blade_kv_store_new(&g.m->hp, kv_type, BLOCK, N_BLOCKS, &err);
+    blade_kv_store_config cfg = blade_model_kv_config(&g.m->hp, kv_type, BLOCK, N_BLOCKS);
+    g.kv = blade_kv_store_new(&cfg, &err);
     assert_non_null(g.kv);
     g.pool = blade_threadpool_new(threads);
     g.r = blade_runner_new(g.m, g.kv, g.pool, 1024, &err);

@@ -7,6 +7,7 @@
 
 #include "blade/error.h"
 #include "blade/gguf.h"
+#include "blade/kv_store.h"
 #include "blade/tokenizer.h"
 
 #include <stdbool.h>
@@ -83,7 +84,9 @@ void blade_model_free(blade_model *m);
 
 const char *blade_arch_name(blade_arch a);
 
-/* KV cache arithmetic: 2 (K and V) x layers x KV heads x head dim x bytes per element. */
-uint64_t blade_kv_bytes_per_token(const blade_hparams *hp, size_t bytes_per_element);
+/* The KV store a model with these hyperparameters needs: its layers, KV heads and head
+ * size, with the given element type and blocks. */
+blade_kv_store_config blade_model_kv_config(const blade_hparams *hp, blade_kv_type type, int32_t block_size,
+                                            int32_t n_blocks);
 
 #endif

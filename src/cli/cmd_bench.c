@@ -270,7 +270,8 @@ int cmd_bench(int argc, char **argv)
         longest = CONTEXT + DECODE_STEPS;
     b.per_seq = (longest + 15) / 16;
     int32_t n_blocks = b.per_seq * max_batch;
-    b.kv = blade_kv_store_new(&b.m->hp, (blade_kv_type)kv_type, 16, n_blocks, &err);
+    blade_kv_store_config store_cfg = blade_model_kv_config(&b.m->hp, (blade_kv_type)kv_type, 16, n_blocks);
+    b.kv = blade_kv_store_new(&store_cfg, &err);
     b.pool = blade_threadpool_new((int)threads);
     int32_t max_tokens = (int32_t)(n_prompt > CONTEXT ? n_prompt : CONTEXT);
     if (max_batch > max_tokens)

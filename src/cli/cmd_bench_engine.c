@@ -332,7 +332,8 @@ int cmd_bench_engine(int argc, char **argv)
     rc = 1;
     workload w = {0};
     run_result a, b, c2;
-    double kv_bytes_token = (double)blade_kv_bytes_per_token(&m->hp, blade_kv_type_size(o.cfg.kv_type));
+    blade_kv_store_config one_token = blade_model_kv_config(&m->hp, o.cfg.kv_type, 1, 1);
+    double kv_bytes_token = (double)blade_kv_store_block_bytes(&one_token);
     printf("model: %s, threads: %d, KV %.2f GiB, step budget %d tokens, %d sequences\n\n", model_path,
            o.cfg.n_threads, (double)o.cfg.kv_mem_bytes / 1073741824.0, o.cfg.sched.max_batch_tokens,
            o.cfg.sched.max_seqs);

@@ -31,9 +31,12 @@ static void human_bytes(char *buf, size_t cap, double b)
     snprintf(buf, cap, u ? "%.2f %s" : "%.0f %s", b, units[u]);
 }
 
-static void print_kv_table(const blade_hparams *hp, const char *label, size_t elem_bytes)
+static void print_kv_table(const blade_hparams *hp, blade_kv_type type)
 {
-    uint64_t per_token = blade_kv_bytes_per_token(hp, elem_bytes);
+    const char *label = blade_kv_type_name(type);
+    size_t elem_bytes = blade_kv_type_size(type);
+    blade_kv_store_config one_token = blade_model_kv_config(hp, type, 1, 1);
+    uint64_t per_token = blade_kv_store_block_bytes(&one_token);
     char buf[32];
     human_bytes(buf, sizeof buf, (double)per_token);
     printf("  %s: 2 x %d layers x %d KV heads x %d head dim x %zu bytes = %llu bytes (%s) per token\n", label,
@@ -127,8 +130,8 @@ int cmd_info(int argc, char **argv)
     printf("weight bytes:  %llu (%s, %.2f bits per parameter)\n", (unsigned long long)m->weight_bytes, buf,
            8.0 * (double)m->weight_bytes / (double)(m->n_params ? m->n_params : 1));
     printf("KV cache:\n");
-    print_kv_table(hp, "f16", 2);
-    print_kv_table(hp, "f32", 4);
+    print_kv_table(hp, BLADE_KV_F16);
+    print_kv_table(hp, BLADE_KV_F32);
     if (list_tensors) {
         printf("tensors:\n");
         for (uint64_t i = 0; i < f->n_tensors; i++) {

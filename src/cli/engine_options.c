@@ -1,6 +1,6 @@
 #include "cli/engine_options.h"
 
-#include "blade/kv_store.h"
+#include "blade/kv_type.h"
 #include "cli/cli_util.h"
 
 #include <ctype.h>

@@ -76,7 +76,7 @@ struct blade_engine {
     float *logprobs; /* [n_vocab] */
     uint64_t computed_tokens, generated_tokens, finished;
     int32_t max_running;
-    const blade_kv_seq **live_kv; /* scratch for invariant checks */
+    const blade_kv_cache_seq **live_kv; /* scratch for invariant checks */
     int32_t cap_live_kv;
     uint64_t invariant_checks;
     char invariant_error[600];
@@ -142,7 +142,8 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
         free(e);
         return blade_error_set(err, "block size %d is out of range (1..1024)", cfg->block_size), NULL;
     }
-    size_t block_bytes = blade_kv_block_bytes(&m->hp, cfg->kv_type, cfg->block_size);
+    blade_kv_store_config store_cfg = blade_model_kv_config(&m->hp, cfg->kv_type, cfg->block_size, 0);
+    size_t block_bytes = blade_kv_store_block_bytes(&store_cfg);
     int64_t n_blocks = (int64_t)(cfg->kv_mem_bytes / block_bytes);
     if (n_blocks < 1 || n_blocks > INT32_MAX / cfg->block_size) {
         free(e);
@@ -150,6 +151,7 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
                                cfg->kv_mem_bytes, (long long)n_blocks, block_bytes, INT32_MAX / cfg->block_size),
                NULL;
     }
+    store_cfg.n_blocks = (int32_t)n_blocks;
     blade_kv_cache_config kc = {.n_blocks = (int32_t)n_blocks, .block_size = cfg->block_size,
                                 .prefix_caching = cfg->prefix_caching};
     model_identity(m, kc.model_id);
@@ -162,7 +164,7 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
         runner_tokens = cfg->sched.max_seqs;
     e->piece_cap = blade_tokenizer_max_token_bytes(m->tokenizer) + 16;
     e->pool = blade_threadpool_new(cfg->n_threads);
-    e->store = e->pool ? blade_kv_store_new(&m->hp, cfg->kv_type, cfg->block_size, (int32_t)n_blocks, err) : NULL;
+    e->store = e->pool ? blade_kv_store_new(&store_cfg, err) : NULL;
     e->kv = e->store ? blade_kv_cache_new(&kc, err) : NULL;
     e->sched = e->kv ? blade_scheduler_new(&cfg->sched, e->kv, err) : NULL;
     e->runner = e->sched ? blade_runner_new(m, e->store, e->pool, runner_tokens, err) : NULL;
@@ -210,7 +212,7 @@ static void request_free(request_state *r)
     free(r->piece);
     free(r->text);
     free(r->salt);
-    blade_kv_seq_destroy(&r->seq.kv);
+    blade_kv_cache_seq_destroy(&r->seq.kv);
     free(r);
 }
 
@@ -422,7 +424,7 @@ static void live_unlink(blade_engine *e, request_state *r)
 
 static void live_add(blade_engine *e, request_state *r)
 {
-    blade_kv_seq_init(&r->seq.kv, e->kv, r->salt, r->salt ? strlen(r->salt) : 0);
+    blade_kv_cache_seq_init(&r->seq.kv, e->kv, r->salt, r->salt ? strlen(r->salt) : 0);
     r->prev_live = NULL;
     r->next_live = e->live;
     if (e->live)
@@ -495,7 +497,7 @@ static void fill_usage(const request_state *r, blade_token_event *ev)
 static void retire(blade_engine *e, request_state *r)
 {
     if (r->pin_prefix && r->seq.n_computed >= r->seq.n_prompt)
-        blade_kv_pin_prefix(e->kv, r->tokens, r->seq.n_prompt, r->salt, r->salt ? strlen(r->salt) : 0);
+        blade_kv_cache_pin_prefix(e->kv, r->tokens, r->seq.n_prompt, r->salt, r->salt ? strlen(r->salt) : 0);
     if (r->seq.state != BLADE_SEQ_FINISHED)
         blade_scheduler_remove(e->sched, &r->seq);
     live_unlink(e, r);
@@ -717,7 +719,7 @@ static void check_invariants(blade_engine *e)
     for (request_state *r = e->live; r; r = r->next_live)
         n++;
     if (n > e->cap_live_kv) {
-        const blade_kv_seq **grown = realloc(e->live_kv, (size_t)n * 2 * sizeof *grown);
+        const blade_kv_cache_seq **grown = realloc(e->live_kv, (size_t)n * 2 * sizeof *grown);
         if (!grown)
             return;
         e->live_kv = grown;

@@ -1,6 +1,9 @@
+/* The AVX2 path of blade_attention (attention_internal.h): the online-softmax update of
+ * rows by a tile, and the AVX2 tile conversions of every KV type. */
+
 #if defined(__x86_64__)
 
-#include "attention_internal.h"
+#include "kernels/attention_internal.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -25,17 +28,19 @@ A2_INLINE float hsum256(__m256 v)
 }
 
 /* 8 elements of an f16 / bf16 / f32 row as floats. */
-A2_INLINE __m256 load8(blade_kv_type type, const uint8_t *src)
+A2_INLINE __m256 load8_f16(const uint8_t *src)
 {
-    switch (type) {
-    case BLADE_KV_F16:
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
-    case BLADE_KV_BF16:
-        /* bf16 is the top half of an f32. */
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)src)), 16));
-    case BLADE_KV_F32:
-        break;
-    }
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
+}
+
+/* bf16 is the top half of an f32. */
+A2_INLINE __m256 load8_bf16(const uint8_t *src)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)src)), 16));
+}
+
+A2_INLINE __m256 load8_f32(const uint8_t *src)
+{
     return _mm256_loadu_ps((const float *)src);
 }
 
@@ -62,26 +67,64 @@ A2_INLINE void transpose8(__m256 r[8])
     }
 }
 
-A2 static void load_kt_avx2(blade_kv_type type, const uint8_t *src, float *kt, int32_t block_size, int32_t head_dim,
-                            int32_t bp)
+/* The conversions of a type whose elements are es bytes and whose 8-element loads are
+ * load8: inlined into one function per type, so each has its load built in. */
+A2_INLINE void load_kt_avx2(__m256 (*load8)(const uint8_t *), size_t es, const uint8_t *src, float *kt,
+                            int32_t block_size, int32_t head_dim, int32_t bp)
 {
-    const size_t es = type == BLADE_KV_F32 ? 4 : 2;
     for (int32_t j0 = 0; j0 < block_size; j0 += 8)
         for (int32_t d0 = 0; d0 < head_dim; d0 += 8) {
             __m256 r[8];
             for (int i = 0; i < 8; i++)
-                r[i] = load8(type, src + ((size_t)(j0 + i) * (size_t)head_dim + (size_t)d0) * es);
+                r[i] = load8(src + ((size_t)(j0 + i) * (size_t)head_dim + (size_t)d0) * es);
             transpose8(r);
             for (int i = 0; i < 8; i++)
                 _mm256_storeu_ps(kt + (size_t)(d0 + i) * (size_t)bp + (size_t)j0, r[i]);
         }
 }
 
-A2 static void load_v_avx2(blade_kv_type type, const uint8_t *src, float *dst, size_t n)
+A2_INLINE void load_v_avx2(__m256 (*load8)(const uint8_t *), size_t es, const uint8_t *src, float *dst, size_t n)
 {
     for (size_t i = 0; i < n; i += 8)
-        _mm256_storeu_ps(dst + i, load8(type, src + 2 * i));
+        _mm256_storeu_ps(dst + i, load8(src + es * i));
 }
+
+A2 static void load_kt_f16(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
+                           int32_t bp)
+{
+    (void)scale;
+    load_kt_avx2(load8_f16, 2, src, kt, block_size, head_dim, bp);
+}
+
+A2 static void load_v_f16(const uint8_t *src, const float *scale, float *dst, size_t n)
+{
+    (void)scale;
+    load_v_avx2(load8_f16, 2, src, dst, n);
+}
+
+A2 static void load_kt_bf16(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
+                            int32_t bp)
+{
+    (void)scale;
+    load_kt_avx2(load8_bf16, 2, src, kt, block_size, head_dim, bp);
+}
+
+A2 static void load_v_bf16(const uint8_t *src, const float *scale, float *dst, size_t n)
+{
+    (void)scale;
+    load_v_avx2(load8_bf16, 2, src, dst, n);
+}
+
+A2 static void load_kt_f32(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
+                           int32_t bp)
+{
+    (void)scale;
+    load_kt_avx2(load8_f32, 4, src, kt, block_size, head_dim, bp);
+}
+
+const attn_tile_conv blade_attn_tile_f16_avx2 = {load_kt_f16, load_v_f16};
+const attn_tile_conv blade_attn_tile_bf16_avx2 = {load_kt_bf16, load_v_bf16};
+const attn_tile_conv blade_attn_tile_f32_avx2 = {load_kt_f32, NULL};
 
 /* Rows are processed R at a time (R = 1 or PAIR) when they see the same keys, sharing
  * every key and value load between them; as in attention_avx512.c, each row's arithmetic
@@ -221,6 +264,6 @@ A2 static void rows_avx2(const attn_tile *t, const attn_row *r, int n)
     }
 }
 
-const attn_isa blade_attn_avx2 = {8, load_kt_avx2, load_v_avx2, rows_avx2};
+const attn_isa blade_attn_avx2 = {8, rows_avx2};
 
 #endif

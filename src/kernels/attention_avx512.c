@@ -1,6 +1,9 @@
+/* The AVX-512 path of blade_attention (attention_internal.h): the online-softmax update of
+ * rows by a tile, and the AVX-512 tile conversions of every KV type. */
+
 #if defined(__x86_64__)
 
-#include "attention_internal.h"
+#include "kernels/attention_internal.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -32,18 +35,19 @@ A512_INLINE float hsum512(__m512 v)
 }
 
 /* 16 elements of an f16 / bf16 / f32 row as floats. */
-A512_INLINE __m512 load16(blade_kv_type type, const uint8_t *src)
+A512_INLINE __m512 load16_f16(const uint8_t *src)
 {
-    switch (type) {
-    case BLADE_KV_F16:
-        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)src));
-    case BLADE_KV_BF16:
-        /* bf16 is the top half of an f32. */
-        return _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src)), 16));
-    case BLADE_KV_F32:
-        break;
-    }
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)src));
+}
+
+/* bf16 is the top half of an f32. */
+A512_INLINE __m512 load16_bf16(const uint8_t *src)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src)), 16));
+}
+
+A512_INLINE __m512 load16_f32(const uint8_t *src)
+{
     return _mm512_loadu_ps((const float *)src);
 }
 
@@ -79,26 +83,65 @@ A512_INLINE void transpose16(__m512 r[16])
     }
 }
 
-A512 static void load_kt_avx512(blade_kv_type type, const uint8_t *src, float *kt, int32_t block_size,
-                                int32_t head_dim, int32_t bp)
+/* The conversions of a type whose elements are es bytes and whose 16-element loads are
+ * load16: inlined into one function per type, so each has its load built in. */
+A512_INLINE void load_kt_avx512(__m512 (*load16)(const uint8_t *), size_t es, const uint8_t *src, float *kt,
+                                int32_t block_size, int32_t head_dim, int32_t bp)
 {
-    const size_t es = type == BLADE_KV_F32 ? 4 : 2;
     for (int32_t j0 = 0; j0 < block_size; j0 += 16)
         for (int32_t d0 = 0; d0 < head_dim; d0 += 16) {
             __m512 r[16];
             for (int i = 0; i < 16; i++)
-                r[i] = load16(type, src + ((size_t)(j0 + i) * (size_t)head_dim + (size_t)d0) * es);
+                r[i] = load16(src + ((size_t)(j0 + i) * (size_t)head_dim + (size_t)d0) * es);
             transpose16(r);
             for (int i = 0; i < 16; i++)
                 _mm512_storeu_ps(kt + (size_t)(d0 + i) * (size_t)bp + (size_t)j0, r[i]);
         }
 }
 
-A512 static void load_v_avx512(blade_kv_type type, const uint8_t *src, float *dst, size_t n)
+A512_INLINE void load_v_avx512(__m512 (*load16)(const uint8_t *), size_t es, const uint8_t *src, float *dst,
+                               size_t n)
 {
     for (size_t i = 0; i < n; i += 16)
-        _mm512_storeu_ps(dst + i, load16(type, src + 2 * i));
+        _mm512_storeu_ps(dst + i, load16(src + es * i));
 }
+
+A512 static void load_kt_f16(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
+                             int32_t bp)
+{
+    (void)scale;
+    load_kt_avx512(load16_f16, 2, src, kt, block_size, head_dim, bp);
+}
+
+A512 static void load_v_f16(const uint8_t *src, const float *scale, float *dst, size_t n)
+{
+    (void)scale;
+    load_v_avx512(load16_f16, 2, src, dst, n);
+}
+
+A512 static void load_kt_bf16(const uint8_t *src, const float *scale, float *kt, int32_t block_size,
+                              int32_t head_dim, int32_t bp)
+{
+    (void)scale;
+    load_kt_avx512(load16_bf16, 2, src, kt, block_size, head_dim, bp);
+}
+
+A512 static void load_v_bf16(const uint8_t *src, const float *scale, float *dst, size_t n)
+{
+    (void)scale;
+    load_v_avx512(load16_bf16, 2, src, dst, n);
+}
+
+A512 static void load_kt_f32(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
+                             int32_t bp)
+{
+    (void)scale;
+    load_kt_avx512(load16_f32, 4, src, kt, block_size, head_dim, bp);
+}
+
+const attn_tile_conv blade_attn_tile_f16_avx512 = {load_kt_f16, load_v_f16};
+const attn_tile_conv blade_attn_tile_bf16_avx512 = {load_kt_bf16, load_v_bf16};
+const attn_tile_conv blade_attn_tile_f32_avx512 = {load_kt_f32, NULL};
 
 A512_INLINE __mmask16 first_lanes(int32_t n)
 {
@@ -251,6 +294,6 @@ A512 static void rows_avx512(const attn_tile *t, const attn_row *r, int n)
     }
 }
 
-const attn_isa blade_attn_avx512 = {16, load_kt_avx512, load_v_avx512, rows_avx512};
+const attn_isa blade_attn_avx512 = {16, rows_avx512};
 
 #endif

@@ -20,10 +20,17 @@ const char *blade_arch_name(blade_arch a)
     return arch_names[a];
 }
 
-uint64_t blade_kv_bytes_per_token(const blade_hparams *hp, size_t bytes_per_element)
+blade_kv_store_config blade_model_kv_config(const blade_hparams *hp, blade_kv_type type, int32_t block_size,
+                                            int32_t n_blocks)
 {
-    return 2ull * (uint64_t)hp->n_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim *
-           bytes_per_element;
+    return (blade_kv_store_config){
+        .n_layer = hp->n_layer,
+        .n_head_kv = hp->n_head_kv,
+        .head_dim = hp->head_dim,
+        .type = type,
+        .block_size = block_size,
+        .n_blocks = n_blocks,
+    };
 }
 
 static int get_dim(const gguf_file *f, const char *arch, const char *suffix, bool required,

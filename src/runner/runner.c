@@ -379,7 +379,7 @@ static void task_attention(void *ctx, int ith, int nth)
             head_post(k, head, &L->bk, &L->k_norm, true, hp, cos_t, sin_t);
             head_post(v, head, &L->bv, NULL, false, hp, cos_t, sin_t);
             int32_t block = sq->block_table[ref->pos / r->kv->block_size];
-            blade_kv_write_head(r->kv, s->layer, block, ref->pos % r->kv->block_size, head, k, v);
+            blade_kv_store_write_head(r->kv, s->layer, block, ref->pos % r->kv->block_size, head, k, v);
         }
         blade_attention_args a = {
             .kv = r->kv,
