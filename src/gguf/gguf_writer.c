@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -647,7 +648,7 @@ static int open_target(const char *path, target *t, FILE **fp, blade_error *err)
     t->mode = exists ? st.st_mode & 07777 : 0;
     /* O_EXCL with a name of our own: never clobbers anything, and the new file gets the
      * umask's permissions as any file would. */
-    static unsigned counter;
+    static _Atomic unsigned counter;
     int fd = -1;
     for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
         snprintf(t->tmp, sizeof t->tmp, "%s.tmp-%ld-%u", t->final, (long)getpid(), counter++);
