@@ -386,6 +386,7 @@ static int fill_tensor(void *ctx, void *dst, size_t nbytes, blade_error *err)
     }
     job->tensors_done++;
     job->bytes_done += pl->bytes_in;
+    atomic_store(&job->rows_done, 0); /* now counted in bytes_done */
     show_progress(job, job->tensors_done == job->report.n_tensors);
     return 0;
 }
