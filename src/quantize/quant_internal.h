@@ -1,8 +1,8 @@
 #ifndef BLADE_QUANTIZE_QUANT_INTERNAL_H
 #define BLADE_QUANTIZE_QUANT_INTERNAL_H
 
-/* Pieces the block quantizers share: the rounding rule ggml's reference quantizers use, the
- * fp16 scale round trip, and the element weights a scale search minimizes against. */
+/* Pieces the block quantizers share: the rounding rule ggml's reference quantizers use, and
+ * the element weights a scale search minimizes against. */
 
 #include "blade/types.h"
 
@@ -29,12 +29,6 @@ static inline float quant_round(float v)
 static inline int quant_clamp(int v, int lo, int hi)
 {
     return v < lo ? lo : v > hi ? hi : v;
-}
-
-/* The value a stored fp16 scale will be read back as. */
-static inline float quant_fp16_round(float v)
-{
-    return blade_fp16_to_fp32(blade_fp32_to_fp16(v));
 }
 
 /* Mean of x^2 over the n values of a row: the spread against which importance weights are

@@ -200,6 +200,12 @@ static void affine_levels(const float *x, float ds, float dm, int nmax, uint8_t 
         q[i] = (uint8_t)quant_clamp(quant_nearest((x[i] + dm) * inv), 0, nmax);
 }
 
+static void affine_all_levels(const float *x, affine_block *b, float d, float dmin, int nmax)
+{
+    for (int j = 0; j < K_NSUB; j++)
+        affine_levels(x + j * K_SUB, d * (float)b->sc[j], dmin * (float)b->m[j], nmax, b->q + j * K_SUB);
+}
+
 static float affine_total_cost(const float *x, const float *w, const affine_block *b, float d, float dmin, int nmax)
 {
     float sum = 0.0f;
@@ -272,8 +278,7 @@ static void affine_refine(const float *x, const float *w, int nmax, affine_block
     for (int round = 0; round < REFINE_ROUNDS; round++) {
         affine_neighbourhood(x, w, b, d, dmin, nmax);
         float cost = affine_total_cost(x, w, b, d, dmin, nmax);
-        for (int j = 0; j < K_NSUB; j++)
-            affine_levels(x + j * K_SUB, d * (float)b->sc[j], dmin * (float)b->m[j], nmax, b->q + j * K_SUB);
+        affine_all_levels(x, b, d, dmin, nmax);
         float nd, nmin;
         if (!affine_refit(x, w, b, &nd, &nmin))
             break;
@@ -287,8 +292,7 @@ static void affine_refine(const float *x, const float *w, int nmax, affine_block
         b->dmin = nmin16;
         d = rd;
         dmin = rmin;
-        for (int j = 0; j < K_NSUB; j++)
-            affine_levels(x + j * K_SUB, d * (float)b->sc[j], dmin * (float)b->m[j], nmax, b->q + j * K_SUB);
+        affine_all_levels(x, b, d, dmin, nmax);
     }
 }
 

@@ -7,7 +7,6 @@
 #include "blade/gguf.h"
 #include "blade/kernels.h"
 
-#include <errno.h>
 #include <fnmatch.h>
 #include <inttypes.h>
 #include <math.h>

@@ -4,7 +4,6 @@
 
 #include "blade/quantize.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
