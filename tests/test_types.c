@@ -334,7 +334,7 @@ static double roundtrip_error(blade_type type, const float *x, int64_t n)
 }
 
 /* Measured on this data (printed by the test): F16 2.1e-4/2.0e-4, BF16 1.65e-3/1.66e-3,
- * Q8_0 0.0053/0.0073, Q4_0 0.086/0.118, Q4_K 0.072/0.086, Q5_K 0.037/0.044,
+ * Q8_0 0.0053/0.0073, Q4_0 0.086/0.118, Q4_K 0.070/0.084, Q5_K 0.034/0.042,
  * Q6_K 0.018/0.023 (gaussian/heavy-tailed). The data is deterministic, so the bounds sit
  * about 10% above: a regression in the quantizer search, not noise, is what trips them. */
 static const struct {
@@ -343,7 +343,7 @@ static const struct {
     double heavy_bound;
 } roundtrip_bounds[] = {
     {BLADE_TYPE_F16, 2.5e-4, 2.5e-4}, {BLADE_TYPE_BF16, 2e-3, 2e-3},  {BLADE_TYPE_Q8_0, 0.006, 0.008},
-    {BLADE_TYPE_Q4_0, 0.095, 0.13},   {BLADE_TYPE_Q4_K, 0.08, 0.095}, {BLADE_TYPE_Q5_K, 0.04, 0.048},
+    {BLADE_TYPE_Q4_0, 0.095, 0.13},   {BLADE_TYPE_Q4_K, 0.077, 0.093}, {BLADE_TYPE_Q5_K, 0.038, 0.046},
     {BLADE_TYPE_Q6_K, 0.02, 0.026},
 };
 
@@ -410,11 +410,12 @@ static void test_quant_zeros_and_f32(void **state)
     assert_memory_equal(x, y, sizeof x);
 }
 
-/* On the real (heavy-tailed) weights of tiny256-f32, blade's quantizer must come within
- * a few percent of the llama.cpp quantizer whose output the .dequant files hold. Measured
- * ratios: Q4_0 1.000, Q8_0 0.9997, Q4_K 1.006, Q5_K 1.012, Q6_K 1.011 (llama.cpp weights its
- * K-quant search by value magnitude; blade's plain least-squares search does not). */
-#define VS_LLAMA_CPP_RATIO 1.03
+/* On the heavy-tailed weights of tiny256-f32, blade's quantizer against the llama.cpp
+ * quantizer whose output the .dequant files hold, in plain RMS error. Measured ratios:
+ * Q4_0 1.000 and Q8_0 1.000 (the same bytes), Q4_K 0.983, Q5_K 0.956, Q6_K 0.995 (blade starts
+ * from the same search and keeps only blocks it improves; test_quantize checks the weighted
+ * error the search minimizes, tensor by tensor). */
+#define VS_LLAMA_CPP_RATIO 1.0000001
 
 static void check_quant_vs_reference(const char *type_name)
 {

@@ -95,6 +95,10 @@ typedef struct gguf_file {
 } gguf_file;
 
 gguf_file *gguf_open(const char *path, blade_error *err);
+/* The same, but always reading through the file's own mapping, never a copy in memory: for
+ * one pass over the weights (converting a model), where the copy would only cost time and
+ * memory. */
+gguf_file *gguf_open_mapped(const char *path, blade_error *err);
 /* Parses a buffer the caller keeps alive (used by tests); same validation. */
 gguf_file *gguf_open_memory(const void *buf, size_t size, blade_error *err);
 void gguf_close(gguf_file *f);
@@ -148,8 +152,20 @@ void gguf_writer_copy_kv(gguf_writer *w, const gguf_file *src);
  * ne has n_dims entries. */
 int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
                            const int64_t *ne, const void *data, size_t nbytes, blade_error *err);
-/* Writes a GGUF v3 file with general.alignment (default 32). Shows progress on a terminal
- * when show_progress is set. */
+/* A tensor whose bytes are produced while the file is written, so a converter holds one
+ * tensor at a time instead of the whole model: fill(fill_ctx, dst, nbytes, err) is called
+ * once, in file order, to fill a buffer of nbytes. Returning non-zero (with err set) aborts
+ * the write. */
+typedef int (*gguf_fill_fn)(void *fill_ctx, void *dst, size_t nbytes, blade_error *err);
+int gguf_writer_add_tensor_filled(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                                  const int64_t *ne, size_t nbytes, gguf_fill_fn fill, void *fill_ctx,
+                                  blade_error *err);
+/* Writes a GGUF v3 file with general.alignment (default 32). A regular file (or a new name)
+ * is written to a temporary file in the same directory, synced and renamed into place, so
+ * path holds either its old contents or the complete new file, never a partial one, even
+ * when the write fails, a fill function aborts it or the process dies; a symbolic link is
+ * followed. An existing non-regular file (a device, a pipe) is written in place. Shows
+ * progress on a terminal when show_progress is set. */
 int gguf_writer_write(gguf_writer *w, const char *path, bool show_progress, blade_error *err);
 
 #endif

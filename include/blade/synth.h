@@ -24,9 +24,9 @@ typedef struct blade_synth_spec {
     float rope_base;
     bool tied_embeddings;
     uint32_t weight_type; /* matrices; norms and biases stay F32 */
-    /* When non-zero, the tensors a "_M" mix keeps at higher precision use this type: the
-     * classifier, and attn_v / ffn_down in the first and last eighth of the layers and in
-     * every third layer between (the Q4_K_M recipe). */
+    /* When non-zero, the tensors a "_M" mix keeps at higher precision use this type, chosen
+     * by blade quantize's recipe (blade_quant_scheme_type_for): the classifier, and attn_v /
+     * ffn_down in the first and last eighth of the layers and every third layer between. */
     uint32_t sensitive_type;
     uint64_t seed;
     /* Vocabulary: copied from this GGUF's tokenizer.ggml.* keys (padded with filler tokens up

@@ -1,3 +1,4 @@
+#include "blade/quantize.h"
 #include "blade/synth.h"
 #include "blade/types.h"
 #include "cli/cli_util.h"
@@ -7,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 
 static void synth_usage(FILE *out)
@@ -63,17 +63,13 @@ int cmd_synth(int argc, char **argv)
         fprintf(stderr, "error: unknown shape '%s' (known: %s)\n", shape, blade_synth_shape_names());
         return 2;
     }
-    if (!strcasecmp(type, "Q4_K_M") || !strcasecmp(type, "Q5_K_M")) {
-        spec.weight_type = !strcasecmp(type, "Q4_K_M") ? BLADE_TYPE_Q4_K : BLADE_TYPE_Q5_K;
-        spec.sensitive_type = BLADE_TYPE_Q6_K;
-    } else {
-        int t = blade_type_from_name(type);
-        if (t < 0 || !blade_type_supported((uint32_t)t)) {
-            fprintf(stderr, "error: type '%s' is not one blade can write\n", type);
-            return 2;
-        }
-        spec.weight_type = (uint32_t)t;
+    const blade_quant_scheme *scheme = blade_quant_scheme_find(type);
+    if (!scheme) {
+        fprintf(stderr, "error: type '%s' is not one blade can write (%s)\n", type, blade_quant_scheme_names());
+        return 2;
     }
+    spec.weight_type = scheme->type;
+    spec.sensitive_type = scheme->sensitive_type;
     spec.seed = (uint64_t)seed;
     char default_vocab[512];
     if (!vocab) {

@@ -10,6 +10,7 @@ int cmd_convert(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_engine(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);

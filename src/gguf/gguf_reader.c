@@ -692,7 +692,7 @@ static uint8_t *copy_to_huge_pages(const void *map, size_t size, size_t shift, s
     return aligned;
 }
 
-gguf_file *gguf_open(const char *path, blade_error *err)
+static gguf_file *open_file(const char *path, bool copy_to_memory, blade_error *err)
 {
     if (!path) {
         blade_error_set(err, "gguf: no path given");
@@ -747,7 +747,7 @@ gguf_file *gguf_open(const char *path, blade_error *err)
      * across two lines (the BF16 one-token product measured about 25% slower so). The copy
      * starts the data section on a cache line, and the file is parsed again in place. */
     size_t shift = (GGUF_COPY_ALIGN - f->data_offset % GGUF_COPY_ALIGN) % GGUF_COPY_ALIGN, copy_bytes = 0;
-    uint8_t *copy = copy_to_huge_pages(map, size, shift, &copy_bytes);
+    uint8_t *copy = copy_to_memory ? copy_to_huge_pages(map, size, shift, &copy_bytes) : NULL;
     if (copy) {
         release_parsed(f);
         munmap(map, size);
@@ -762,6 +762,16 @@ gguf_file *gguf_open(const char *path, blade_error *err)
         }
     }
     return f;
+}
+
+gguf_file *gguf_open(const char *path, blade_error *err)
+{
+    return open_file(path, true, err);
+}
+
+gguf_file *gguf_open_mapped(const char *path, blade_error *err)
+{
+    return open_file(path, false, err);
 }
 
 uint8_t *gguf_set_writable(gguf_file *f, bool writable)

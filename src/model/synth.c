@@ -1,6 +1,7 @@
 #include "blade/synth.h"
 
 #include "blade/gguf.h"
+#include "blade/quantize.h"
 #include "blade/tokenizer.h"
 #include "blade/types.h"
 
@@ -11,6 +12,9 @@
 
 typedef struct synth {
     gguf_writer *w;
+    blade_quant_scheme scheme; /* which matrix gets which type: blade quantize's recipe */
+    int n_layer;
+    bool tied;
     void **buffers; /* tensor data must outlive gguf_writer_write */
     size_t n_buffers;
     uint64_t rng;
@@ -47,22 +51,17 @@ static void *keep(synth *s, size_t bytes)
     return p;
 }
 
-/* Row lengths that are not a multiple of the type's block (e.g. 896-wide Qwen rows under
- * 256-element K-quants) fall back to Q8_0, then F16, as real quantizers do. */
-static uint32_t fit_type(uint32_t type, int64_t n_in)
-{
-    if (n_in % blade_type_traits_get(type)->block_size == 0)
-        return type;
-    return n_in % 32 == 0 ? BLADE_TYPE_Q8_0 : BLADE_TYPE_F16;
-}
-
-/* A matrix of Gaussian values with standard deviation `scale`, stored as `type`; vectors
+/* A matrix of Gaussian values with standard deviation `scale`, stored in the type the scheme
+ * gives it (rows that are not whole blocks fall back as blade quantize's do); vectors
  * (n_out == 0) are F32 filled with `fill` plus small noise so norms stay near one. */
-static int add(synth *s, const char *name, uint32_t type, int64_t n_in, int64_t n_out, float scale, float fill)
+static int add(synth *s, const char *name, int64_t n_in, int64_t n_out, float scale, float fill)
 {
     int64_t rows = n_out ? n_out : 1;
     size_t n = (size_t)n_in * (size_t)rows;
-    type = n_out ? fit_type(type, n_in) : BLADE_TYPE_F32;
+    uint32_t type = BLADE_TYPE_F32;
+    if (n_out)
+        type = blade_quant_fit_type(blade_quant_scheme_type_for(&s->scheme, name, s->n_layer, s->tied), n_in,
+                                    BLADE_TYPE_F16);
     size_t bytes = blade_type_row_bytes(type, n_in) * (size_t)rows;
     float *values = malloc(n * sizeof *values);
     void *data = keep(s, bytes);
@@ -78,18 +77,12 @@ static int add(synth *s, const char *name, uint32_t type, int64_t n_in, int64_t 
     return gguf_writer_add_tensor(s->w, name, type, n_out ? 2 : 1, ne, data, bytes, s->err);
 }
 
-static bool sensitive_layer(int layer, int n_layer)
-{
-    int eighth = n_layer / 8;
-    return layer < eighth || layer >= n_layer - eighth || (layer - eighth) % 3 == 2;
-}
-
-static int add_layer_tensor(synth *s, int layer, const char *suffix, uint32_t type, int64_t n_in, int64_t n_out,
-                            float scale, float fill)
+static int add_layer_tensor(synth *s, int layer, const char *suffix, int64_t n_in, int64_t n_out, float scale,
+                            float fill)
 {
     char name[96];
     snprintf(name, sizeof name, "blk.%d.%s", layer, suffix);
-    return add(s, name, type, n_in, n_out, scale, fill);
+    return add(s, name, n_in, n_out, scale, fill);
 }
 
 /* Byte-fallback SentencePiece vocabulary: <unk> <s> </s>, the 256 byte tokens, then
@@ -275,41 +268,43 @@ int blade_synth_write(const blade_synth_spec *sp, const char *path, bool show_pr
 {
     if (!blade_type_supported(sp->weight_type) || (sp->sensitive_type && !blade_type_supported(sp->sensitive_type)))
         return blade_error_set(err, "weight type %u is not supported", sp->weight_type);
-    synth s = {gguf_writer_new(), NULL, 0, sp->seed ^ 0x626c616465ull, err};
+    synth s = {.w = gguf_writer_new(),
+               .scheme = {.type = sp->weight_type, .sensitive_type = sp->sensitive_type},
+               .n_layer = sp->n_layer,
+               .tied = sp->tied_embeddings,
+               .rng = sp->seed ^ 0x626c616465ull,
+               .err = err};
     set_hparams(s.w, sp);
     int rc = sp->vocab_path ? copied_vocab(&s, sp->vocab_path, sp->n_vocab) : made_up_vocab(&s, sp->n_vocab);
     int64_t d = sp->n_embd, q_dim = (int64_t)sp->n_head * sp->head_dim, kv_dim = (int64_t)sp->n_head_kv * sp->head_dim;
-    uint32_t t = sp->weight_type;
-    uint32_t t_out = sp->sensitive_type ? sp->sensitive_type : t;
     /* Scales keep activations O(1) through the layers: 1/sqrt(fan-in). */
     float s_d = 1.0f / sqrtf((float)d), s_q = 1.0f / sqrtf((float)q_dim), s_ff = 1.0f / sqrtf((float)sp->n_ff);
     if (!rc)
-        rc = add(&s, "token_embd.weight", t, d, sp->n_vocab, 1.0f, 0.0f);
+        rc = add(&s, "token_embd.weight", d, sp->n_vocab, 1.0f, 0.0f);
     for (int l = 0; !rc && l < sp->n_layer; l++) {
-        uint32_t t_sens = sp->sensitive_type && sensitive_layer(l, sp->n_layer) ? sp->sensitive_type : t;
         if (show_progress)
             fprintf(stderr, "\rgenerating layer %d/%d ", l + 1, sp->n_layer);
-        rc = add_layer_tensor(&s, l, "attn_norm.weight", 0, d, 0, 0.1f, 1.0f) ||
-             add_layer_tensor(&s, l, "attn_q.weight", t, d, q_dim, s_d, 0.0f) ||
-             add_layer_tensor(&s, l, "attn_k.weight", t, d, kv_dim, s_d, 0.0f) ||
-             add_layer_tensor(&s, l, "attn_v.weight", t_sens, d, kv_dim, s_d, 0.0f) ||
-             add_layer_tensor(&s, l, "attn_output.weight", t, q_dim, d, s_q, 0.0f) ||
-             add_layer_tensor(&s, l, "ffn_norm.weight", 0, d, 0, 0.1f, 1.0f) ||
-             add_layer_tensor(&s, l, "ffn_gate.weight", t, d, sp->n_ff, s_d, 0.0f) ||
-             add_layer_tensor(&s, l, "ffn_up.weight", t, d, sp->n_ff, s_d, 0.0f) ||
-             add_layer_tensor(&s, l, "ffn_down.weight", t_sens, sp->n_ff, d, s_ff, 0.0f);
+        rc = add_layer_tensor(&s, l, "attn_norm.weight", d, 0, 0.1f, 1.0f) ||
+             add_layer_tensor(&s, l, "attn_q.weight", d, q_dim, s_d, 0.0f) ||
+             add_layer_tensor(&s, l, "attn_k.weight", d, kv_dim, s_d, 0.0f) ||
+             add_layer_tensor(&s, l, "attn_v.weight", d, kv_dim, s_d, 0.0f) ||
+             add_layer_tensor(&s, l, "attn_output.weight", q_dim, d, s_q, 0.0f) ||
+             add_layer_tensor(&s, l, "ffn_norm.weight", d, 0, 0.1f, 1.0f) ||
+             add_layer_tensor(&s, l, "ffn_gate.weight", d, sp->n_ff, s_d, 0.0f) ||
+             add_layer_tensor(&s, l, "ffn_up.weight", d, sp->n_ff, s_d, 0.0f) ||
+             add_layer_tensor(&s, l, "ffn_down.weight", sp->n_ff, d, s_ff, 0.0f);
         if (!rc && sp->arch == BLADE_ARCH_QWEN2)
-            rc = add_layer_tensor(&s, l, "attn_q.bias", 0, q_dim, 0, 0.5f, 0.0f) ||
-                 add_layer_tensor(&s, l, "attn_k.bias", 0, kv_dim, 0, 0.5f, 0.0f) ||
-                 add_layer_tensor(&s, l, "attn_v.bias", 0, kv_dim, 0, 0.5f, 0.0f);
+            rc = add_layer_tensor(&s, l, "attn_q.bias", q_dim, 0, 0.5f, 0.0f) ||
+                 add_layer_tensor(&s, l, "attn_k.bias", kv_dim, 0, 0.5f, 0.0f) ||
+                 add_layer_tensor(&s, l, "attn_v.bias", kv_dim, 0, 0.5f, 0.0f);
         if (!rc && sp->arch == BLADE_ARCH_QWEN3)
-            rc = add_layer_tensor(&s, l, "attn_q_norm.weight", 0, sp->head_dim, 0, 0.1f, 1.0f) ||
-                 add_layer_tensor(&s, l, "attn_k_norm.weight", 0, sp->head_dim, 0, 0.1f, 1.0f);
+            rc = add_layer_tensor(&s, l, "attn_q_norm.weight", sp->head_dim, 0, 0.1f, 1.0f) ||
+                 add_layer_tensor(&s, l, "attn_k_norm.weight", sp->head_dim, 0, 0.1f, 1.0f);
     }
     if (!rc)
-        rc = add(&s, "output_norm.weight", 0, d, 0, 0.1f, 1.0f);
+        rc = add(&s, "output_norm.weight", d, 0, 0.1f, 1.0f);
     if (!rc && !sp->tied_embeddings)
-        rc = add(&s, "output.weight", t_out, d, sp->n_vocab, s_d, 0.0f);
+        rc = add(&s, "output.weight", d, sp->n_vocab, s_d, 0.0f);
     if (show_progress)
         fputc('\n', stderr);
     if (!rc)

@@ -1,5 +1,6 @@
 #include "blade/types.h"
 
+#include "quantize/quant_blocks.h"
 #include "tensor/quant_ref.h"
 
 #include <ctype.h>
