@@ -531,7 +531,7 @@ static void test_malformed_inputs(void **state)
         {"'%1$s' '%2$s' --type Q8_0 --keep 'output*=Q7'", 2, "bad --keep 'output*=Q7': unknown type 'Q7'"},
         {"'%1$s' '%2$s' --type Q8_0 --keep 'output*=Q2_K'", 2, "bad --keep 'output*=Q2_K': blade cannot write Q2_K"},
         {"'%1$s' '%2$s' --type Q8_0 -t 0", 2, "--threads expects an integer"},
-        {"/nonexistent/model.gguf '%2$s' --type Q8_0", 1, "/nonexistent/model.gguf: cannot open: No such file"},
+        {"/nonexistent/model.gguf '%2$s' --type Q8_0", 1, "cannot open /nonexistent/model.gguf: No such file"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[2048], *out = NULL;
