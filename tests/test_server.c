@@ -1063,6 +1063,9 @@ static void test_deadlines(void **state)
     http_ex(s->port, "GET", "/health", NULL, NULL, 0, false, &r);
     assert_int_equal(r.status, 200);
     resp_free(&r);
+    /* each cut request is counted once, as 408, not also as a client gone away */
+    assert_int_equal(metric(s->port, "blade:http_requests_total{status=\"408\"}"), 4);
+    assert_true(metric(s->port, "blade:http_requests_total{status=\"499\"}") <= 0);
     assert_int_equal(srv_stop(s), 0);
 }
 

@@ -750,12 +750,13 @@ bool gate_request_body(gate *g, gate_conn *c)
     return ok;
 }
 
-void gate_request_done(gate *g, gate_conn *c)
+bool gate_request_done(gate *g, gate_conn *c)
 {
     if (!c)
-        return;
+        return false;
     pthread_mutex_lock(&g->mu);
-    if (c->phase != P_CUT) {
+    bool cut = c->phase == P_CUT;
+    if (!cut) {
         double t = now();
         c->phase = P_NEXT;
         c->since = t;
@@ -764,4 +765,5 @@ void gate_request_done(gate *g, gate_conn *c)
         set_deadline(g, c, t + g->cfg.idle_timeout + g->cfg.header_timeout);
     }
     pthread_mutex_unlock(&g->mu);
+    return cut;
 }

@@ -62,11 +62,13 @@ void gate_conn_closed(gate *g, gate_conn *c);
 /* Keep connections in probe slots open for one answer only. */
 bool gate_conn_reserved(const gate_conn *c);
 
-/* The phases of each request on a connection, from its thread (c may be NULL). The two that
- * return bool return false once the watchdog has answered 408 and cut the connection. */
+/* The phases of each request on a connection, from its thread (c may be NULL). head and body
+ * return false once the watchdog has answered 408 and cut the connection. */
 bool gate_request_head(gate *g, gate_conn *c);   /* its head is parsed; the body deadline starts */
 void gate_request_progress(gate *g, gate_conn *c); /* body bytes arrived */
 bool gate_request_body(gate *g, gate_conn *c);   /* the body is in (or an answer is queued) */
-void gate_request_done(gate *g, gate_conn *c);   /* answered; waiting for the next head */
+/* Answered; waiting for the next head. True when the answer was the watchdog's 408 (which
+ * the gate has counted already). */
+bool gate_request_done(gate *g, gate_conn *c);
 
 #endif

@@ -594,9 +594,10 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     end_job(c);
     if (c->admitted)
         leave(c);
-    gate_request_done(s->gate, c->gc);
+    bool cut = gate_request_done(s->gate, c->gc);
     bool gone = c->disconnected || (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !c->out_end && c->status == 200);
-    metrics_count_status(&s->m, gone || !c->status ? 499 : c->status);
+    if (!cut)
+        metrics_count_status(&s->m, gone || !c->status ? 499 : c->status);
     metrics_in_flight(&s->m, -1);
     api_buf_free(&c->body);
     api_buf_free(&c->out);
