@@ -16,5 +16,8 @@ double cli_now(void);
 /* The default model: ../shared/models/stories260K.gguf relative to the working directory
  * when present, else NULL. */
 const char *cli_default_model(void);
+/* Raises the soft limit on open files to the hard one (servers and load generators hold a
+ * socket per connection); returns the limit now in force. */
+long long cli_raise_fd_limit(void);
 
 #endif

@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -427,16 +426,6 @@ static int run_load(const load_options *o, const target *t, const blade_tokenize
     return 0;
 }
 
-/* Raised to the hard limit: every request in flight holds a socket. */
-static void raise_fd_limit(void)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
-}
-
 typedef struct tokenizer_file {
     gguf_file *gguf;
     blade_tokenizer *tok;
@@ -587,7 +576,7 @@ int cmd_bench_serve(int argc, char **argv)
         goto out_opts;
 
     status = 1;
-    raise_fd_limit();
+    cli_raise_fd_limit();
     curl_global_init(CURL_GLOBAL_DEFAULT);
     char *listed = NULL;
     int32_t max_context = 0;
@@ -934,7 +923,7 @@ int cmd_bench_ablation(int argc, char **argv)
         goto out_opts;
 
     status = 1;
-    raise_fd_limit();
+    cli_raise_fd_limit();
     curl_global_init(CURL_GLOBAL_DEFAULT);
     tokenizer_file tf = {0};
     ablation_row rows[N_TECHNIQUES + 1];
