@@ -23,5 +23,9 @@ char *temp_path(const char *name);
 /* Runs the blade binary with a shell-quoted argument string; returns its exit status
  * and, if out is non-NULL, stdout (+ stderr when merge_stderr) as a malloc'd string. */
 int run_blade(const char *args, char **out, int merge_stderr);
+/* run_blade that also reports what the blade process used (wait4: CPU time, peak RSS in
+ * ru_maxrss) and how long it ran, in wall seconds. */
+struct rusage;
+int run_blade_usage(const char *args, char **out, int merge_stderr, struct rusage *usage, double *wall_s);
 
 #endif

@@ -95,6 +95,11 @@ typedef struct gguf_file {
 } gguf_file;
 
 gguf_file *gguf_open(const char *path, blade_error *err);
+/* The same file read through its own mapping, never copied: only the pages of the header,
+ * metadata and tensor table are read (validated as by gguf_open), so a caller that needs
+ * no weights (a tokenizer, a chat template) costs what the metadata does, not the model.
+ * Tensor data stays reachable, paged in from the file when touched. */
+gguf_file *gguf_open_metadata(const char *path, blade_error *err);
 /* Parses a buffer the caller keeps alive (used by tests); same validation. */
 gguf_file *gguf_open_memory(const void *buf, size_t size, blade_error *err);
 void gguf_close(gguf_file *f);

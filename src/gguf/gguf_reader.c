@@ -690,7 +690,8 @@ static uint8_t *copy_to_huge_pages(const void *map, size_t size, size_t shift, s
     return aligned;
 }
 
-gguf_file *gguf_open(const char *path, blade_error *err)
+/* copy_weights: into huge pages for the kernels (gguf_open), or not at all (gguf_open_metadata). */
+static gguf_file *open_file(const char *path, bool copy_weights, blade_error *err)
 {
     if (!path) {
         blade_error_set(err, "gguf: no path given");
@@ -747,6 +748,8 @@ gguf_file *gguf_open(const char *path, blade_error *err)
         gguf_close(f);
         return NULL;
     }
+    if (!copy_weights)
+        return f;
     /* The kernels load weights 64 bytes at a time, and the format's default alignment is
      * 32: copied as it lies, a data section at 32 past a cache line splits every such load
      * across two lines (the BF16 one-token product measured about 25% slower so). The copy
@@ -767,6 +770,16 @@ gguf_file *gguf_open(const char *path, blade_error *err)
         }
     }
     return f;
+}
+
+gguf_file *gguf_open(const char *path, blade_error *err)
+{
+    return open_file(path, true, err);
+}
+
+gguf_file *gguf_open_metadata(const char *path, blade_error *err)
+{
+    return open_file(path, false, err);
 }
 
 uint8_t *gguf_set_writable(gguf_file *f, bool writable)
