@@ -928,14 +928,20 @@ static void test_client_multi_turn_order(void **state)
     lg_workload_free(w);
 }
 
+/* User + system seconds. */
+static double rusage_cpu(const struct rusage *ru)
+{
+    return (double)ru->ru_utime.tv_sec + (double)ru->ru_utime.tv_usec * 1e-6 + (double)ru->ru_stime.tv_sec +
+           (double)ru->ru_stime.tv_usec * 1e-6;
+}
+
 /* CPU seconds of the calling thread: lg_run's alone, since the endpoint has threads of its
  * own in this process. */
 static double thread_cpu(void)
 {
     struct rusage ru;
     getrusage(RUSAGE_THREAD, &ru);
-    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
-           (double)ru.ru_stime.tv_usec * 1e-6;
+    return rusage_cpu(&ru);
 }
 
 static double wall_now(void)
@@ -1026,12 +1032,6 @@ static void test_cli_serve(void **state)
     free(out);
     free(json);
     free(html);
-}
-
-static double rusage_cpu(const struct rusage *ru)
-{
-    return (double)ru->ru_utime.tv_sec + (double)ru->ru_utime.tv_usec * 1e-6 + (double)ru->ru_stime.tv_sec +
-           (double)ru->ru_stime.tv_usec * 1e-6;
 }
 
 /* The client must not take the CPU from the server it measures: 16 requests of slow tokens
