@@ -14,6 +14,7 @@ static const command commands[] = {
     {"info", cmd_info, "describe a model: shapes, tensor types, parameters, KV cache arithmetic"},
     {"convert", cmd_convert, "import a llama2.c checkpoint into a GGUF file"},
     {"perplexity", cmd_perplexity, "measure perplexity on a text file (llama.cpp method)"},
+    {"eval", cmd_eval, "what a quantization or KV type costs in quality: PPL, KL divergence, top-1"},
     {"tokenize", cmd_tokenize, "show how a model's tokenizer splits text"},
     {"synth", cmd_synth, "write a random-weight GGUF of a real model's shape"},
     {"bench", cmd_bench, "measure prompt processing, generation and batched decode speed"},
