@@ -2,6 +2,7 @@
 
 #include "blade/model.h"
 #include "blade/tokenizer.h"
+#include "common/utf8.h"
 
 #include <math.h>
 #include <openssl/rand.h>
@@ -346,34 +347,6 @@ void api_job_usage(const api_job *job, int64_t *prompt, int64_t *completion, int
 
 /* ---- JSON pieces ---- */
 
-/* Length of the valid UTF-8 sequence at s (1..4), or 0 when it is not one. */
-static size_t utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    size_t len;
-    uint32_t cp;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        len = 2, cp = c & 0x1F;
-    else if (c >= 0xE0 && c <= 0xEF)
-        len = 3, cp = c & 0x0F;
-    else if (c >= 0xF0 && c <= 0xF4)
-        len = 4, cp = c & 0x07;
-    else
-        return 0;
-    if (len > n)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-        return 0;
-    return len;
-}
-
 /* A JSON string of arbitrary bytes: a token can be part of a character (byte-fallback
  * tokens), which becomes U+FFFD, as OpenAI shows it. */
 static json_t *text_json(const char *s, size_t n)
@@ -382,9 +355,8 @@ static json_t *text_json(const char *s, size_t n)
     if (v)
         return v;
     api_buf b = {0};
-    const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq(u + i, n - i);
+        size_t k = blade_utf8_char_len(s + i, n - i);
         if (k) {
             api_buf_append(&b, s + i, k);
             i += k;
