@@ -1,4 +1,4 @@
-#include "api/api.h"
+#include "api/model.h"
 
 #include "common/file.h"
 

@@ -1,4 +1,6 @@
-#include "api/api.h"
+#include "api/request.h"
+
+#include "api/buf.h"
 
 #include "blade/model.h"
 #include "blade/tokenizer.h"
