@@ -30,6 +30,9 @@ char *read_file(const char *path, size_t *len);
 int write_file(const char *path, const void *data, size_t len);
 /* A fresh path under the build's test temp directory (created on demand); malloc'd. */
 char *temp_path(const char *name);
+/* Runs a shell command line; returns its exit status and, if out is non-NULL, its stdout
+ * as a malloc'd string. */
+int run_command(const char *cmd, char **out);
 /* Runs the blade binary with a shell-quoted argument string; returns its exit status
  * and, if out is non-NULL, stdout (+ stderr when merge_stderr) as a malloc'd string. */
 int run_blade(const char *args, char **out, int merge_stderr);
