@@ -1,3 +1,7 @@
+/* Tensor types: fp16 conversion over every bit pattern and its rounding, bf16, the traits
+ * table and type names, each reference dequantizer against llama.cpp's dequantized copies
+ * of the shared tiny256 files, and the quantizers of the table (round trips, zero and F32
+ * rows, an error no larger than llama.cpp's quantizer's, structured blocks). */
 #include "testutil.h"
 
 #include "blade/gguf.h"

@@ -1,3 +1,5 @@
+/* Helpers of the cmocka test programs (testutil.h): paths into ../shared, reported skips,
+ * files, temporary paths, and running the blade binary or any command. */
 #include "testutil.h"
 
 #include <errno.h>

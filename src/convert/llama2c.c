@@ -1,3 +1,8 @@
+/* `blade convert` (convert.h): a llama2.c checkpoint and its tokenizer export rewritten
+ * as a llama GGUF that blade, and llama.cpp, load like any other. The checkpoint's header
+ * must describe exactly the weights the file holds, and the vocabulary must match its
+ * size, before anything is written. */
+
 #include "blade/convert.h"
 
 #include "blade/gguf.h"

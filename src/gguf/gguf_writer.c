@@ -1,3 +1,7 @@
+/* Writing GGUF (gguf.h): metadata and tensors gathered in memory, then the file written in
+ * one pass with the format's alignment, through a temporary file that replaces the target
+ * only when complete. */
+
 #include "gguf_internal.h"
 
 #include <errno.h>

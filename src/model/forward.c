@@ -1,3 +1,7 @@
+/* The reference forward pass (forward.h): one token at a time, f32 throughout, read top to
+ * bottom like llama2.c's run.c. Slow on purpose: it is the oracle the batched runner's
+ * logits are checked against. */
+
 #include "blade/forward.h"
 
 #include "blade/kernels.h"

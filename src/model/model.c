@@ -1,3 +1,9 @@
+/* Loading a model (model.h): hyperparameters from the GGUF metadata with limits that keep
+ * hostile values from sizing allocations, every tensor bound to the architecture by name
+ * and shape (a tensor nothing binds is an error, not ignored), then the weights prepared
+ * for the kernels in gguf_open's copy: projections repacked into the 16-row layouts and
+ * gate and up fused into one matrix. */
+
 #include "blade/model.h"
 
 #include "blade/kernels.h"

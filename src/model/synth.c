@@ -1,3 +1,7 @@
+/* Random-weight models (synth.h): Gaussian weights of a published shape in any weight
+ * type, with a made-up or copied vocabulary, written as ordinary GGUF files for benchmarks
+ * and tests. */
+
 #include "blade/synth.h"
 
 #include "blade/gguf.h"

@@ -1,3 +1,9 @@
+/* The model runner (runner.h): one ragged batch per call, its tokens flattened into one
+ * matrix so each weight is streamed once per step, attention per sequence through its
+ * block table, logits only for the rows asked for. Batch invariance (runner.h) rests on
+ * the kernels' determinism contracts: no sum a token's logits depend on is split by the
+ * batch it is in or the thread count. */
+
 #include "blade/runner.h"
 
 #include "blade/attention.h"

@@ -1,3 +1,5 @@
+/* fp16 and bf16 to and from f32 (types.h), exactly and without the compiler's half types. */
+
 #include "blade/types.h"
 
 #include <string.h>

@@ -1,3 +1,7 @@
+/* From tokens back to bytes (tokenizer.h): one token's bytes (SentencePiece's visible
+ * space and <0xNN> byte tokens, byte-level BPE's alphabet spelled back) and the streaming
+ * detokenizer, which releases whole UTF-8 characters only. */
+
 #include "common/utf8.h"
 #include "tokenizer/tokenizer_internal.h"
 

@@ -1,3 +1,7 @@
+/* The pre-tokenizers of byte-level BPE (pretokenizer.h): each family's published pattern,
+ * compiled with PCRE2, run over the well-formed UTF-8 runs of the text; a run of bytes
+ * that is not UTF-8 is a pre-token of its own. */
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 
 #include "common/utf8.h"

@@ -1,3 +1,7 @@
+/* SentencePiece encoding (tokenizer_internal.h): the text normalized to SentencePiece's
+ * visible spaces, split into words where no token can span, merged by score with the
+ * shared merge loop, and characters no token covers spelled with byte tokens. */
+
 #include "common/utf8.h"
 #include "tokenizer/tokenizer_internal.h"
 
