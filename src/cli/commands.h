@@ -11,6 +11,7 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_imatrix(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_engine(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);
