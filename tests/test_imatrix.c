@@ -205,22 +205,29 @@ static void test_stats_batch_invariant(void **state)
     blade_model_free(m);
 }
 
-/* A model whose attn_v and ffn_down are Q8_0 among Q4_K matrices: Q, K and V read two
- * activation forms, so the attention input is converted twice and must be counted once. */
-static char *mixed_model(void)
+/* A random-weight llama with 256-wide rows (so every type's blocks fit) and the stories
+ * vocabulary. */
+static char *synth_model(const char *name, uint32_t type, uint32_t sensitive, bool tied)
 {
-    char *path = temp_path("imatrix-mixed.gguf");
+    char *path = temp_path(name);
     char *vocab = require_shared("models/stories260K.gguf");
     blade_synth_spec spec = {
         .arch = BLADE_ARCH_LLAMA, .n_vocab = 512, .n_embd = 256, .n_layer = 2, .n_head = 8, .n_head_kv = 4,
-        .head_dim = 32, .n_ff = 512, .n_ctx = 256, .rope_base = 10000.0f, .weight_type = BLADE_TYPE_Q4_K,
-        .sensitive_type = BLADE_TYPE_Q8_0, .seed = 7, .vocab_path = vocab,
+        .head_dim = 32, .n_ff = 512, .n_ctx = 256, .rope_base = 10000.0f, .tied_embeddings = tied,
+        .weight_type = type, .sensitive_type = sensitive, .seed = 7, .vocab_path = vocab,
     };
     blade_error err = {{0}};
     if (blade_synth_write(&spec, path, false, &err))
         fail_msg("%s", err.msg);
     free(vocab);
     return path;
+}
+
+/* A model whose attn_v and ffn_down are Q8_0 among Q4_K matrices: Q, K and V read two
+ * activation forms, so the attention input is converted twice and must be counted once. */
+static char *mixed_model(void)
+{
+    return synth_model("imatrix-mixed.gguf", BLADE_TYPE_Q4_K, BLADE_TYPE_Q8_0, false);
 }
 
 /* Collecting statistics changes no bit of the logits, on f32 weights and on quantized ones
@@ -416,24 +423,29 @@ static void test_cli_refusals(void **state)
     free(model);
 }
 
+/* A cancel request (what Ctrl-C sets) stops collection with "interrupted". */
+static void test_cancel(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    size_t len;
+    char *text = corpus_text(&len);
+    volatile sig_atomic_t cancel = 1;
+    blade_imatrix_params p = {.text = text, .text_len = len, .dataset = "corpus", .ctx = CTX, .n_threads = 1,
+                              .cancel = &cancel};
+    blade_error err = {{0}};
+    assert_null(blade_imatrix_collect(m, &p, NULL, &err));
+    assert_string_equal(err.msg, "interrupted");
+    free(text);
+    blade_model_free(m);
+}
+
 /* ---- quantize --imatrix ---- */
 
-/* F32 weights with 256-wide rows, so every type's blocks fit; tied embeddings, so the
- * classifier's importance goes under token_embd.weight. */
+/* F32 weights; tied embeddings, so the classifier's importance goes under token_embd.weight. */
 static char *wide_model(void)
 {
-    char *path = temp_path("imatrix-wide-f32.gguf");
-    char *vocab = require_shared("models/stories260K.gguf");
-    blade_synth_spec spec = {
-        .arch = BLADE_ARCH_LLAMA, .n_vocab = 512, .n_embd = 256, .n_layer = 2, .n_head = 8, .n_head_kv = 4,
-        .head_dim = 32, .n_ff = 512, .n_ctx = 256, .rope_base = 10000.0f, .tied_embeddings = true,
-        .weight_type = BLADE_TYPE_F32, .seed = 11, .vocab_path = vocab,
-    };
-    blade_error err = {{0}};
-    if (blade_synth_write(&spec, path, false, &err))
-        fail_msg("%s", err.msg);
-    free(vocab);
-    return path;
+    return synth_model("imatrix-wide-f32.gguf", BLADE_TYPE_F32, 0, true);
 }
 
 static int quantize_cli(const char *in, const char *out_path, const char *type, const char *extra, char **out)
@@ -928,6 +940,7 @@ int main(void)
         cmocka_unit_test(test_stats_shape_refused),
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_cli_refusals),
+        cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_quantize_lowers_weighted_error),
         cmocka_unit_test(test_missing_entries_warn),
         cmocka_unit_test(test_other_model_refused),

@@ -7,19 +7,9 @@
 #include "cli/commands.h"
 
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/stat.h>
 #include <unistd.h>
-
-static volatile sig_atomic_t interrupted;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    interrupted = 1;
-}
 
 static void imatrix_usage(FILE *out)
 {
@@ -39,12 +29,6 @@ static void imatrix_usage(FILE *out)
             "      --chunks N       run at most N chunks (default: all)\n"
             "  -t, --threads N      threads (default: every core)\n"
             "  -h, --help           this help\n");
-}
-
-static bool same_file(const char *a, const char *b)
-{
-    struct stat sa, sb;
-    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 static void print_summary(const char *model, const char *out, const blade_imatrix *im, const blade_imatrix_report *r)
@@ -103,7 +87,7 @@ int cmd_imatrix(int argc, char **argv)
         imatrix_usage(stderr);
         return 2;
     }
-    if (same_file(model_path, out_path) || same_file(text_path, out_path)) {
+    if (cli_same_file(model_path, out_path) || cli_same_file(text_path, out_path)) {
         fprintf(stderr, "error: %s is an input file: writing over it is refused (name another output)\n", out_path);
         return 2;
     }
@@ -119,18 +103,15 @@ int cmd_imatrix(int argc, char **argv)
         goto done;
     blade_imatrix_params p = {
         .text = text, .text_len = text_len, .dataset = text_path, .ctx = (int32_t)ctx, .max_chunks = (int32_t)chunks,
-        .n_threads = (int)threads, .progress = isatty(STDERR_FILENO), .cancel = &interrupted,
+        .n_threads = (int)threads, .progress = isatty(STDERR_FILENO), .cancel = &cli_interrupted,
     };
     blade_imatrix_report report;
-    struct sigaction sa = {.sa_handler = on_signal}, old_int, old_term;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
+    cli_signals signals;
+    cli_interrupts_catch(&signals);
     im = blade_imatrix_collect(m, &p, &report, &err);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
+    cli_interrupts_restore(&signals);
     if (!im) {
-        rc = interrupted ? 130 : 1;
+        rc = cli_interrupted ? 130 : 1;
         goto done;
     }
     if (blade_imatrix_save(im, out_path, &err))

@@ -8,21 +8,12 @@
 #include "cli/commands.h"
 
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #define MAX_KEEPS 64
-
-static volatile sig_atomic_t interrupted;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    interrupted = 1;
-}
 
 static void quantize_usage(FILE *out)
 {
@@ -269,7 +260,7 @@ int cmd_quantize(int argc, char **argv)
     const char *in = argv[optind], *out = argv[optind + 1];
     blade_quantize_params params = {
         .scheme = scheme, .keep = keeps, .n_keep = n_keeps, .n_threads = (int)threads, .no_refine = no_refine,
-        .progress = isatty(STDERR_FILENO), .cancel = &interrupted,
+        .progress = isatty(STDERR_FILENO), .cancel = &cli_interrupted,
     };
     rc = 1;
     if (imatrix_path) {
@@ -293,16 +284,13 @@ int cmd_quantize(int argc, char **argv)
     if (imx)
         warn_missing_importance(imx, imatrix_path, blade_quantize_job_report(job));
 
-    struct sigaction sa = {.sa_handler = on_signal}, old_int, old_term;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
+    cli_signals signals;
+    cli_interrupts_catch(&signals);
     int wrc = blade_quantize_write(job, out, &err);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
+    cli_interrupts_restore(&signals);
     if (wrc != 0) {
         fprintf(stderr, "error: %s\n", err.msg);
-        rc = interrupted ? 130 : 1;
+        rc = cli_interrupted ? 130 : 1;
     } else {
         print_summary(in, out, scheme->name, blade_quantize_job_report(job), imatrix_path, imx);
         rc = 0;

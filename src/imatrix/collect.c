@@ -109,8 +109,12 @@ static void show_progress(calibration *c, uint32_t done, uint32_t total, bool fo
     bar[PROGRESS_BAR_WIDTH] = '\0';
     double rate = elapsed > 0 ? (double)done * c->p->ctx / elapsed : 0.0;
     double eta = done ? elapsed / (double)done * (double)(total - done) : 0.0;
-    fprintf(stderr, "\r[%s] chunk %u/%u  %8.0f tokens/s  PPL %.4f  ETA %.0f s   ", bar, done, total, rate,
-            c->scored ? exp(c->nll / (double)c->scored) : 0.0, eta);
+    char ppl[32] = "-", left[32] = "-";
+    if (c->scored)
+        snprintf(ppl, sizeof ppl, "%.4f", exp(c->nll / (double)c->scored));
+    if (done)
+        snprintf(left, sizeof left, "%.0f s", eta);
+    fprintf(stderr, "\r[%s] chunk %u/%u  %8.0f tokens/s  PPL %-8s  ETA %-8s", bar, done, total, rate, ppl, left);
     fflush(stderr);
 }
 
