@@ -36,5 +36,9 @@ int run_blade(const char *args, char **out, int merge_stderr);
 /* The same, killed after `seconds` (status 124 then), for a command that must not block:
  * a regression then fails the test instead of hanging it. */
 int run_blade_within(int seconds, const char *args, char **out, int merge_stderr);
+/* run_blade that also reports what the blade process used (wait4: CPU time, peak RSS in
+ * ru_maxrss) and how long it ran, in wall seconds. */
+struct rusage;
+int run_blade_usage(const char *args, char **out, int merge_stderr, struct rusage *usage, double *wall_s);
 
 #endif

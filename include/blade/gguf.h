@@ -95,9 +95,10 @@ typedef struct gguf_file {
 } gguf_file;
 
 gguf_file *gguf_open(const char *path, blade_error *err);
-/* The same, but always reading through the file's own mapping, never a copy in memory: for
- * one pass over the weights (converting a model), where the copy would only cost time and
- * memory. */
+/* The same file read through its own mapping, never copied into memory: only the pages a
+ * caller touches are read. For a caller that needs no weights (a tokenizer, a chat template)
+ * it costs what the metadata does, and for one pass over the weights (converting a model)
+ * it saves the copy's time and memory. Validated as by gguf_open. */
 gguf_file *gguf_open_mapped(const char *path, blade_error *err);
 /* Parses a buffer the caller keeps alive (used by tests); same validation. */
 gguf_file *gguf_open_memory(const void *buf, size_t size, blade_error *err);

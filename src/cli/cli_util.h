@@ -30,5 +30,8 @@ typedef struct cli_signals {
 } cli_signals;
 void cli_interrupts_catch(cli_signals *saved);
 void cli_interrupts_restore(const cli_signals *saved);
+/* Raises the soft limit on open files to the hard one (servers and load generators hold a
+ * socket per connection); returns the limit now in force. */
+long long cli_raise_fd_limit(void);
 
 #endif

@@ -14,6 +14,7 @@ static const command commands[] = {
     {"info", cmd_info, "describe a model: shapes, tensor types, parameters, KV cache arithmetic"},
     {"convert", cmd_convert, "import a llama2.c checkpoint into a GGUF file"},
     {"perplexity", cmd_perplexity, "measure perplexity on a text file (llama.cpp method)"},
+    {"eval", cmd_eval, "what a quantization or KV type costs in quality: PPL, KL divergence, top-1"},
     {"tokenize", cmd_tokenize, "show how a model's tokenizer splits text"},
     {"quantize", cmd_quantize, "convert a GGUF model's weights to Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, ..."},
     {"imatrix", cmd_imatrix, "record activation importance from calibration text, for quantize --imatrix"},

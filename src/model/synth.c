@@ -145,7 +145,7 @@ done:
  * output matrices have the real model's size. */
 static int copied_vocab(synth *s, const char *path, int32_t n_vocab)
 {
-    gguf_file *src = gguf_open(path, s->err);
+    gguf_file *src = gguf_open_mapped(path, s->err);
     if (!src)
         return -1;
     int rc = -1;

@@ -335,6 +335,19 @@ fail:
     return NULL;
 }
 
+blade_tokenizer *blade_tokenizer_load_file(const char *path, blade_error *err)
+{
+    gguf_file *f = gguf_open_mapped(path, err);
+    if (!f)
+        return NULL;
+    blade_tokenizer *t = blade_tokenizer_load(f, err);
+    if (!t)
+        blade_error_prefix(err, "%s", path);
+    /* Every token text and score was copied: the mapping can go. */
+    gguf_close(f);
+    return t;
+}
+
 void blade_tokenizer_free(blade_tokenizer *t)
 {
     if (!t)
