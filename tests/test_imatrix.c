@@ -24,35 +24,15 @@
 #define CTX 64
 #define BLOCK 16
 
-static blade_model *load_model(const char *path)
-{
-    blade_error err = {{0}};
-    blade_model *m = blade_model_load(path, &err);
-    if (!m)
-        fail_msg("%s", err.msg);
-    return m;
-}
-
-static blade_model *load_stories(void)
-{
-    char *path = require_shared("models/stories260K.gguf");
-    blade_model *m = load_model(path);
-    free(path);
-    return m;
-}
-
 /* The corpus, tokenized with BOS first, as blade imatrix does. */
 static int32_t *corpus_tokens(const blade_model *m, size_t *n)
 {
-    char *path = require_shared("eval/stories-corpus.txt");
     size_t len;
-    char *text = read_file(path, &len);
-    assert_non_null(text);
+    char *text = read_shared("eval/stories-corpus.txt", &len);
     int32_t *tokens = NULL;
     blade_error err = {{0}};
     assert_int_equal(blade_tokenizer_encode(m->tokenizer, text, len, true, false, &tokens, n, &err), 0);
     free(text);
-    free(path);
     return tokens;
 }
 
@@ -101,8 +81,10 @@ static void run_runner(blade_model *m, int threads, int piece, const int32_t *to
     blade_kv_store_free(kv);
 }
 
-/* The same chunks through the reference forward pass, every position's logits computed. */
-static void run_reference(blade_model *m, const int32_t *tokens, int n_chunks, blade_act_stats *s)
+/* The same chunks through the reference forward pass: positions 0 .. n_run-1 of each,
+ * logits computed from position first_logit on. */
+static void run_reference(blade_model *m, const int32_t *tokens, int n_chunks, int n_run, int first_logit,
+                          blade_act_stats *s)
 {
     blade_error err = {{0}};
     blade_forward *fw = blade_forward_new(m, CTX, &err);
@@ -111,8 +93,8 @@ static void run_reference(blade_model *m, const int32_t *tokens, int n_chunks, b
     int32_t chunk[CTX];
     for (int c = 0; c < n_chunks; c++) {
         chunk_of(m, tokens, c, chunk);
-        for (int pos = 0; pos < CTX; pos++)
-            assert_int_equal(blade_forward_token(fw, chunk[pos], pos, true, &err), 0);
+        for (int pos = 0; pos < n_run; pos++)
+            assert_int_equal(blade_forward_token(fw, chunk[pos], pos, pos >= first_logit, &err), 0);
     }
     blade_forward_free(fw);
 }
@@ -141,7 +123,7 @@ static void test_stats_match_reference(void **state)
     blade_error err = {{0}};
     blade_act_stats *run = blade_act_stats_new(&m->hp, &err), *ref = blade_act_stats_new(&m->hp, &err);
     run_runner(m, 2, CTX, tokens, 2, run, NULL);
-    run_reference(m, tokens, 2, ref);
+    run_reference(m, tokens, 2, CTX, 0, ref);
     double worst = 0;
     for (int site = 0; site < blade_act_stats_n_sites(run); site++) {
         blade_act_site_stats a = blade_act_stats_get(run, site), b = blade_act_stats_get(ref, site);
@@ -287,19 +269,10 @@ static void test_stats_shape_refused(void **state)
 
 /* ---- blade imatrix ---- */
 
-static char *corpus_text(size_t *len)
-{
-    char *path = require_shared("eval/stories-corpus.txt");
-    char *text = read_file(path, len);
-    assert_non_null(text);
-    free(path);
-    return text;
-}
-
 static blade_imatrix *collect(blade_model *m, int32_t chunks, const char *dataset)
 {
     size_t len;
-    char *text = corpus_text(&len);
+    char *text = read_shared("eval/stories-corpus.txt", &len);
     blade_imatrix_params p = {.text = text, .text_len = len, .dataset = dataset, .ctx = CTX, .max_chunks = chunks,
                               .n_threads = 2};
     blade_error err = {{0}};
@@ -316,7 +289,9 @@ static const char *const stories_matrices[] = {"attn_q", "attn_k", "attn_v", "at
                                                "ffn_down"};
 
 /* `blade imatrix` on 2 chunks writes what the library collects, bit for bit; loading it back
- * gives every field; each entry is the reference forward pass's mean square of its input. */
+ * gives every field; each entry is the reference forward pass's mean square of its input over
+ * the positions the perplexity method runs (0 .. CTX-2), the classifier's over those it
+ * scores (CTX/2 .. CTX-2). */
 static void test_round_trip(void **state)
 {
     (void)state;
@@ -351,12 +326,13 @@ static void test_round_trip(void **state)
     size_t n_tokens;
     int32_t *tokens = corpus_tokens(m, &n_tokens);
     blade_act_stats *ref = blade_act_stats_new(&m->hp, &err);
-    run_reference(m, tokens, 2, ref);
+    run_reference(m, tokens, 2, CTX - 1, CTX / 2, ref);
     for (size_t i = 0; i < loaded->n_entries; i++) {
         const blade_imatrix_entry *a = &loaded->entries[i], *b = &made->entries[i];
         assert_string_equal(a->name, b->name);
         assert_int_equal(a->n_cols, b->n_cols);
-        assert_int_equal(a->rows[0], 2 * CTX);
+        assert_int_equal(a->rows[0], b->rows[0]);
+        assert_int_equal(a->rows[0], strcmp(a->name, "output.weight") ? 2 * (CTX - 1) : 2 * (CTX / 2 - 1));
         assert_memory_equal(a->mean_sq, b->mean_sq, (size_t)a->n_cols * sizeof *a->mean_sq);
         /* which site this entry's matrix reads */
         int site = blade_act_classifier_site(m->hp.n_layer);
@@ -429,7 +405,7 @@ static void test_cancel(void **state)
     (void)state;
     blade_model *m = load_stories();
     size_t len;
-    char *text = corpus_text(&len);
+    char *text = read_shared("eval/stories-corpus.txt", &len);
     volatile sig_atomic_t cancel = 1;
     blade_imatrix_params p = {.text = text, .text_len = len, .dataset = "corpus", .ctx = CTX, .n_threads = 1,
                               .cancel = &cancel};

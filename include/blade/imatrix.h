@@ -65,7 +65,7 @@ typedef struct blade_imatrix_params {
     const char *text; /* calibration text, text_len bytes */
     size_t text_len;
     const char *dataset; /* its name, recorded in the file */
-    int32_t ctx;         /* chunk length in tokens */
+    int32_t ctx;         /* chunk length in tokens, at least 4 */
     int32_t max_chunks;  /* <= 0: every whole chunk of the text */
     int n_threads;       /* <= 0: every physical core */
     bool progress;       /* progress bar on stderr (the caller checks it is a terminal) */
@@ -82,13 +82,15 @@ typedef struct blade_imatrix_report {
     int n_threads;
 } blade_imatrix_report;
 
-/* Runs the text through m as `blade perplexity` does (tokenized once with BOS; chunks of ctx
- * tokens, each from an empty context with its first token replaced by BOS) with the runner
- * collecting activation statistics, every row counted, and turns them into an importance
- * matrix: q/k/v share the normalised attention input, gate/up the normalised FFN input,
- * attn_output reads the attention output, ffn_down the SwiGLU output, and the classifier
- * (output.weight, or token_embd.weight when the embeddings are tied) the final normalised
- * hidden state. report may be NULL. */
+/* Runs the text through m as `blade perplexity` does (the evaluation scorer, eval.h:
+ * tokenized once with BOS; chunks of ctx tokens, each from an empty context with its first
+ * token replaced by BOS, positions 0 .. ctx-2 run, ctx/2 .. ctx-2 scored) with f32 KV and the
+ * runner collecting activation statistics, and turns them into an importance matrix: q/k/v
+ * share the normalised attention input, gate/up the normalised FFN input, attn_output reads
+ * the attention output, ffn_down the SwiGLU output (all over every position run), and the
+ * classifier (output.weight, or token_embd.weight when the embeddings are tied) the final
+ * normalised hidden state (over the scored positions, the rows whose logits are computed).
+ * report may be NULL. */
 blade_imatrix *blade_imatrix_collect(const blade_model *m, const blade_imatrix_params *p, blade_imatrix_report *report,
                                      blade_error *err);
 
