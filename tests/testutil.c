@@ -20,6 +20,33 @@ static char *join(const char *a, const char *b)
     return p;
 }
 
+blade_model *load_model(const char *path)
+{
+    blade_error err = {{0}};
+    blade_model *m = blade_model_load(path, &err);
+    if (!m)
+        fail_msg("%s", err.msg);
+    return m;
+}
+
+blade_model *load_stories(void)
+{
+    char *path = require_shared("models/stories260K.gguf");
+    blade_model *m = load_model(path);
+    free(path);
+    return m;
+}
+
+char *read_shared(const char *rel, size_t *len)
+{
+    char *path = require_shared(rel);
+    char *text = read_file(path, len);
+    if (!text)
+        fail_msg("cannot read %s", path);
+    free(path);
+    return text;
+}
+
 char *shared_path(const char *rel)
 {
     const char *dir = getenv("BLADE_SHARED_DIR");

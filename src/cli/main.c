@@ -17,6 +17,7 @@ static const command commands[] = {
     {"eval", cmd_eval, "what a quantization or KV type costs in quality: PPL, KL divergence, top-1"},
     {"tokenize", cmd_tokenize, "show how a model's tokenizer splits text"},
     {"quantize", cmd_quantize, "convert a GGUF model's weights to Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, ..."},
+    {"imatrix", cmd_imatrix, "record activation importance from calibration text, for quantize --imatrix"},
     {"synth", cmd_synth, "write a random-weight GGUF of a real model's shape"},
     {"bench", cmd_bench, "measure prompt processing, generation and batched decode speed"},
     {"serve", cmd_serve, "serve the OpenAI API over HTTP (completions, chat, streaming, metrics)"},

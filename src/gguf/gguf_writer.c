@@ -157,6 +157,19 @@ static void commit(gguf_writer *w, const char *key, wkv *val)
     w->kv[w->n_kv++] = *val;
 }
 
+void gguf_writer_remove_kv(gguf_writer *w, const char *key)
+{
+    for (size_t i = 0; w && i < w->n_kv; i++) {
+        if (strcmp(w->kv[i].key, key) == 0) {
+            free_value(&w->kv[i]);
+            free(w->kv[i].key);
+            memmove(&w->kv[i], &w->kv[i + 1], (w->n_kv - i - 1) * sizeof *w->kv);
+            w->n_kv--;
+            return;
+        }
+    }
+}
+
 static void set_scalar(gguf_writer *w, const char *key, gguf_value_type type, const void *v)
 {
     if (!w)
