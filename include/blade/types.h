@@ -2,8 +2,11 @@
 #define BLADE_TYPES_H
 
 /* Tensor element types, numbered exactly as ggml numbers them in GGUF files, and one
- * traits row per type. Everything that depends on a type's block layout goes through
- * this table, so adding a quantization type touches one place. */
+ * traits row per type: how it is stored (block size and bytes) and its reference
+ * conversions. Code that reads or writes a type's blocks goes through this table; code
+ * that computes with them goes through the kernel-traits table (src/kernels/ktraits.c).
+ * A new quantization type is a row in each, its block struct and reference conversions
+ * (src/tensor/quant_ref.{h,c}), and its kernels; src/kernels/ktraits.h lists the places. */
 
 #include <stdbool.h>
 #include <stddef.h>
