@@ -5,6 +5,8 @@
 
 #include "kernels/attention_internal.h"
 
+#include "blade/types.h"
+
 #include <immintrin.h>
 #include <math.h>
 
@@ -44,6 +46,26 @@ A2_INLINE __m256 load8_f32(const uint8_t *src)
     return _mm256_loadu_ps((const float *)src);
 }
 
+A2_INLINE __m256 load8_q8_0(const uint8_t *src)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)src)));
+}
+
+/* E4M3 through half precision: a code's exponent and mantissa bits moved up by 7 are the
+ * half with the same value times 2^-8, normal and subnormal codes alike (F16C converts
+ * both exactly, and so does the multiplication by 2^8 that restores the value). NaN codes
+ * become the half NaN that converts to the quiet NaN the scalar path makes. */
+A2_INLINE __m256 load8_fp8(const uint8_t *src)
+{
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)src));
+    const __m128i mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
+    const __m128i sign = _mm_slli_epi16(_mm_srli_epi16(b, 7), 15);
+    const __m128i h = _mm_or_si128(sign, _mm_slli_epi16(mag, 7));
+    const __m128i nan = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f));
+    const __m256 x = _mm256_cvtph_ps(_mm_blendv_epi8(h, _mm_or_si128(sign, _mm_set1_epi16(0x7e00)), nan));
+    return _mm256_mul_ps(x, _mm256_set1_ps(256.0f));
+}
+
 /* Recursive 8x8 transpose: for rows i and i + w, swap the off-diagonal w x w sub-blocks
  * ([[A, B], [C, D]] -> [[A, C], [B, D]]) for w = 4, 2, 1. */
 A2_INLINE void transpose8(__m256 r[8])
@@ -68,62 +90,64 @@ A2_INLINE void transpose8(__m256 r[8])
 }
 
 /* The conversions of a type whose elements are es bytes and whose 8-element loads are
- * load8: inlined into one function per type, so each has its load built in. */
-A2_INLINE void load_kt_avx2(__m256 (*load8)(const uint8_t *), size_t es, const uint8_t *src, float *kt,
-                            int32_t block_size, int32_t head_dim, int32_t bp)
+ * load8: inlined into one function per type, so each has its load built in. With scales,
+ * each slot's elements are multiplied by its scale. */
+A2_INLINE void load_kt_avx2(__m256 (*load8)(const uint8_t *), size_t es, const uint8_t *src, const uint16_t *scales,
+                            float *kt, int32_t block_size, int32_t head_dim, int32_t bp)
 {
-    for (int32_t j0 = 0; j0 < block_size; j0 += 8)
+    for (int32_t j0 = 0; j0 < block_size; j0 += 8) {
+        const __m256 sv = scales ? load8_bf16((const uint8_t *)(scales + j0))
+                                 : _mm256_setzero_ps();
         for (int32_t d0 = 0; d0 < head_dim; d0 += 8) {
             __m256 r[8];
             for (int i = 0; i < 8; i++)
                 r[i] = load8(src + ((size_t)(j0 + i) * (size_t)head_dim + (size_t)d0) * es);
             transpose8(r);
             for (int i = 0; i < 8; i++)
-                _mm256_storeu_ps(kt + (size_t)(d0 + i) * (size_t)bp + (size_t)j0, r[i]);
+                _mm256_storeu_ps(kt + (size_t)(d0 + i) * (size_t)bp + (size_t)j0, scales ? _mm256_mul_ps(r[i], sv) : r[i]);
         }
+    }
 }
 
-A2_INLINE void load_v_avx2(__m256 (*load8)(const uint8_t *), size_t es, const uint8_t *src, float *dst, size_t n)
+A2_INLINE void load_v_avx2(__m256 (*load8)(const uint8_t *), size_t es, const uint8_t *src, const uint16_t *scales,
+                           float *dst, int32_t n_slots, int32_t head_dim)
 {
-    for (size_t i = 0; i < n; i += 8)
-        _mm256_storeu_ps(dst + i, load8(src + es * i));
+    if (!scales) {
+        for (size_t i = 0; i < (size_t)n_slots * (size_t)head_dim; i += 8)
+            _mm256_storeu_ps(dst + i, load8(src + es * i));
+        return;
+    }
+    for (int32_t j = 0; j < n_slots; j++) {
+        const __m256 sj = _mm256_set1_ps(blade_bf16_to_fp32(scales[j]));
+        for (int32_t d0 = 0; d0 < head_dim; d0 += 8) {
+            size_t i = (size_t)j * (size_t)head_dim + (size_t)d0;
+            _mm256_storeu_ps(dst + i, _mm256_mul_ps(load8(src + es * i), sj));
+        }
+    }
 }
 
-A2 static void load_kt_f16(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
-                           int32_t bp)
-{
-    (void)scale;
-    load_kt_avx2(load8_f16, 2, src, kt, block_size, head_dim, bp);
-}
+/* The conversion functions of a type: scaled types pass the block's scales on, unscaled
+ * ones a NULL the compiler sees, which removes the scaling. */
+#define AVX2_LOAD_KT(type, es, scaled)                                                                 \
+    A2 static void load_kt_##type(const uint8_t *src, const uint16_t *scales, float *kt, int32_t block_size,    \
+                                  int32_t head_dim, int32_t bp)                                                  \
+    {                                                                                                            \
+        load_kt_avx2(load8_##type, es, src, scaled ? scales : NULL, kt, block_size, head_dim, bp);      \
+    }
+#define AVX2_TILE(type, es, scaled)                                                                    \
+    AVX2_LOAD_KT(type, es, scaled)                                                                     \
+    A2 static void load_v_##type(const uint8_t *src, const uint16_t *scales, float *dst, int32_t n_slots,       \
+                                 int32_t head_dim)                                                               \
+    {                                                                                                            \
+        load_v_avx2(load8_##type, es, src, scaled ? scales : NULL, dst, n_slots, head_dim);             \
+    }                                                                                                            \
+    const attn_tile_conv blade_attn_tile_##type##_avx2 = {load_kt_##type, load_v_##type};
 
-A2 static void load_v_f16(const uint8_t *src, const float *scale, float *dst, size_t n)
-{
-    (void)scale;
-    load_v_avx2(load8_f16, 2, src, dst, n);
-}
-
-A2 static void load_kt_bf16(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
-                            int32_t bp)
-{
-    (void)scale;
-    load_kt_avx2(load8_bf16, 2, src, kt, block_size, head_dim, bp);
-}
-
-A2 static void load_v_bf16(const uint8_t *src, const float *scale, float *dst, size_t n)
-{
-    (void)scale;
-    load_v_avx2(load8_bf16, 2, src, dst, n);
-}
-
-A2 static void load_kt_f32(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
-                           int32_t bp)
-{
-    (void)scale;
-    load_kt_avx2(load8_f32, 4, src, kt, block_size, head_dim, bp);
-}
-
-const attn_tile_conv blade_attn_tile_f16_avx2 = {load_kt_f16, load_v_f16};
-const attn_tile_conv blade_attn_tile_bf16_avx2 = {load_kt_bf16, load_v_bf16};
+AVX2_TILE(f16, 2, false)
+AVX2_TILE(bf16, 2, false)
+AVX2_TILE(q8_0, 1, true)
+AVX2_TILE(fp8, 1, true)
+AVX2_LOAD_KT(f32, 4, false)
 const attn_tile_conv blade_attn_tile_f32_avx2 = {load_kt_f32, NULL};
 
 /* Rows are processed R at a time (R = 1 or PAIR) when they see the same keys, sharing

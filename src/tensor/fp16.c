@@ -1,3 +1,5 @@
+/* The small float formats blade stores values in: IEEE half, bfloat16 and OCP FP8 E4M3. */
+
 #include "blade/types.h"
 
 #include <string.h>
@@ -93,4 +95,46 @@ uint16_t blade_fp32_to_bf16(float f)
      * largest finite values carries into the exponent and produces infinity, as IEEE
      * rounding requires. */
     return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* OCP 8-bit floating point, E4M3: sign, 4 exponent bits (bias 7), 3 mantissa bits. It has
+ * no infinities: exponent 1111 is a normal binade except for mantissa 111, which is NaN,
+ * so the largest value is 1.75 x 2^8 = 448; exponent 0000 holds subnormals m x 2^-9. */
+
+float blade_e4m3_to_fp32(uint8_t b)
+{
+    uint32_t sign = (uint32_t)(b & 0x80u) << 24;
+    uint32_t exp = (b >> 3) & 0xfu, mant = b & 0x7u;
+    if ((b & 0x7fu) == 0x7fu)
+        return f32_from_bits(sign | 0x7fc00000u);
+    if (exp == 0)
+        return f32_from_bits(sign | f32_bits((float)mant * 0x1p-9f));
+    return f32_from_bits(sign | ((exp + 120u) << 23) | (mant << 20));
+}
+
+uint8_t blade_fp32_to_e4m3(float f)
+{
+    uint32_t x = f32_bits(f);
+    uint8_t sign = (uint8_t)((x >> 24) & 0x80u);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u)
+        return sign | 0x7fu;
+    /* Saturating conversion (the OCP spec's saturation mode): 448 and everything above it,
+     * infinity included, becomes 448; below 448 nearest-even rounding never reaches the
+     * NaN pattern, whose value would be 480. */
+    if (ax >= 0x43e00000u)
+        return sign | 0x7eu;
+    if (ax >= 0x3c800000u) {
+        /* Normal result (from 2^-6): rebias the exponent from 127 to 7 and round the 20
+         * dropped mantissa bits; a carry out of the mantissa bumps the exponent. */
+        return (uint8_t)(sign | shift_round_even(ax - (120u << 23), 20));
+    }
+    uint32_t exp = ax >> 23;
+    /* Below 2^-10, half the smallest subnormal, everything rounds to zero (2^-10 itself is
+     * a tie that goes to zero, as the general path also gives). */
+    if (exp < 117)
+        return sign;
+    /* Subnormal in units of 2^-9; rounding up from the largest lands on 2^-6, code 0x08. */
+    uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
+    return (uint8_t)(sign | shift_round_even(mant, 141u - exp));
 }
