@@ -50,6 +50,28 @@ static uint32_t shift_round_even(uint32_t v, unsigned shift)
     return r;
 }
 
+/* A finite magnitude (float bits ax, below the format's overflow threshold) rounded to
+ * nearest, ties to even, into a binary format with `mant` mantissa bits whose smallest
+ * normal is 2^emin: that format's bits, sign excluded. */
+static uint32_t round_magnitude(uint32_t ax, int mant, int emin)
+{
+    const int normal_exp = 127 + emin; /* float exponent field of the smallest normal */
+    if (ax >= (uint32_t)normal_exp << 23) {
+        /* Normal result: rebias the exponent and round the dropped mantissa bits; a carry
+         * out of the mantissa correctly bumps the exponent. */
+        return shift_round_even(ax - ((uint32_t)(normal_exp - 1) << 23), (unsigned)(23 - mant));
+    }
+    uint32_t exp = ax >> 23;
+    /* Below half the smallest subnormal everything rounds to zero; exactly half is a tie
+     * that goes to the even value, zero, which the general path also yields. */
+    if (exp < (uint32_t)(normal_exp - mant - 1))
+        return 0;
+    /* Subnormal result in units of the smallest subnormal: the full 24-bit significand
+     * scaled down. Rounding up from the largest subnormal lands on the smallest normal. */
+    uint32_t significand = (ax & 0x7fffffu) | 0x800000u;
+    return shift_round_even(significand, (unsigned)(normal_exp + 23 - mant) - exp);
+}
+
 uint16_t blade_fp32_to_fp16(float f)
 {
     uint32_t x = f32_bits(f);
@@ -65,20 +87,7 @@ uint16_t blade_fp32_to_fp16(float f)
      * and everything above rounds to infinity. */
     if (ax >= 0x477ff000u)
         return (uint16_t)(sign | 0x7c00u);
-    if (ax >= 0x38800000u) {
-        /* Normal result: rebias the exponent and round the 13 dropped mantissa bits; a
-         * carry out of the mantissa correctly bumps the exponent. */
-        return (uint16_t)(sign | shift_round_even(ax - (112u << 23), 13));
-    }
-    uint32_t exp = ax >> 23;
-    /* Below 2^-25 (half the smallest subnormal) everything rounds to zero; exactly 2^-25
-     * is a tie that goes to the even value, zero, which the general path also yields. */
-    if (exp < 102)
-        return sign;
-    /* Subnormal result in units of 2^-24: the full 24-bit significand scaled down.
-     * Rounding up from the largest subnormal lands on the smallest normal, 0x0400. */
-    uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
-    return (uint16_t)(sign | shift_round_even(mant, 126u - exp));
+    return (uint16_t)(sign | round_magnitude(ax, 10, -14));
 }
 
 float blade_bf16_to_fp32(uint16_t h)
@@ -124,17 +133,5 @@ uint8_t blade_fp32_to_e4m3(float f)
      * NaN pattern, whose value would be 480. */
     if (ax >= 0x43e00000u)
         return sign | 0x7eu;
-    if (ax >= 0x3c800000u) {
-        /* Normal result (from 2^-6): rebias the exponent from 127 to 7 and round the 20
-         * dropped mantissa bits; a carry out of the mantissa bumps the exponent. */
-        return (uint8_t)(sign | shift_round_even(ax - (120u << 23), 20));
-    }
-    uint32_t exp = ax >> 23;
-    /* Below 2^-10, half the smallest subnormal, everything rounds to zero (2^-10 itself is
-     * a tie that goes to zero, as the general path also gives). */
-    if (exp < 117)
-        return sign;
-    /* Subnormal in units of 2^-9; rounding up from the largest lands on 2^-6, code 0x08. */
-    uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
-    return (uint8_t)(sign | shift_round_even(mant, 141u - exp));
+    return (uint8_t)(sign | round_magnitude(ax, 3, -6));
 }
