@@ -58,16 +58,18 @@ A512_INLINE __m512 load16_q8_0(const uint8_t *src)
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)src)));
 }
 
-/* E4M3 through half precision, as in attention_avx2.c. */
+/* E4M3 by integer arithmetic, as in attention_avx2.c. */
 A512_INLINE __m512 load16_fp8(const uint8_t *src)
 {
-    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)src));
-    const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7f));
-    const __m256i sign = _mm256_slli_epi16(_mm256_srli_epi16(b, 7), 15);
-    const __m256i h = _mm256_or_si256(sign, _mm256_slli_epi16(mag, 7));
-    const __mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f));
-    const __m512 x = _mm512_cvtph_ps(_mm256_mask_mov_epi16(h, nan, _mm256_or_si256(sign, _mm256_set1_epi16(0x7e00))));
-    return _mm512_mul_ps(x, _mm512_set1_ps(256.0f));
+    const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)src));
+    const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7f));
+    const __m512i sign = _mm512_and_si512(_mm512_slli_epi32(x, 24), _mm512_set1_epi32((int)0x80000000u));
+    __m512 v = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23)));
+    v = _mm512_mask_mul_ps(v, _mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)), _mm512_cvtepi32_ps(mag),
+                           _mm512_set1_ps(0x1p-9f));
+    v = _mm512_mask_mov_ps(v, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7f)),
+                           _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
 }
 
 /* 16x16 transpose as four steps of a recursion: for w = 1, 2, 4, 8, rows i and i + w
