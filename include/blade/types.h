@@ -76,5 +76,10 @@ float blade_fp16_to_fp32(uint16_t h);
 uint16_t blade_fp32_to_fp16(float f);
 float blade_bf16_to_fp32(uint16_t h);
 uint16_t blade_fp32_to_bf16(float f);
+/* OCP FP8 E4M3 (largest value 448, no infinities): round to nearest even, values beyond
+ * +-448 (infinities included) saturate to +-448, NaN stays NaN (0x7f / 0xff), which
+ * converts back to the quiet NaN 0x7fc00000 with its sign. */
+float blade_e4m3_to_fp32(uint8_t b);
+uint8_t blade_fp32_to_e4m3(float f);
 
 #endif
