@@ -3,6 +3,7 @@
 #include "blade/kernels.h"
 #include "blade/types.h"
 #include "kernels/kernels_internal.h"
+#include "kernels/ktraits.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -146,7 +147,7 @@ static void mm(const mm_case *c, float *Y, int64_t t0, int64_t t1, int64_t r0, i
 static void note_avx512_fallback(uint32_t type)
 {
 #if defined(__x86_64__)
-    if (blade_isa_active() == BLADE_ISA_AVX512 && !blade_matmul_avx512_kernel(type, blade_cpu_get_features()))
+    if (blade_isa_active() == BLADE_ISA_AVX512 && !blade_ktraits_isa_kernel(type, BLADE_ISA_AVX512, blade_cpu_get_features()))
         note_skipped("AVX-512 %s not supported by this CPU: the AVX-512 %s kernel not tested (AVX2's ran instead)",
                      type == BLADE_TYPE_BF16 ? "BF16" : "VNNI", type_name(type));
 #else

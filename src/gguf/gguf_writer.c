@@ -361,9 +361,17 @@ static bool copy_value(gguf_writer *w, const gguf_kv *kv, wkv *val)
 
 void gguf_writer_copy_kv(gguf_writer *w, const gguf_file *src)
 {
+    gguf_writer_copy_kv_prefix(w, src, "");
+}
+
+void gguf_writer_copy_kv_prefix(gguf_writer *w, const gguf_file *src, const char *prefix)
+{
     if (!w || !src)
         return;
+    size_t n = strlen(prefix);
     for (uint64_t i = 0; i < src->n_kv; i++) {
+        if (strncmp(src->kv[i].key, prefix, n) != 0)
+            continue;
         wkv val = {0};
         if (!copy_value(w, &src->kv[i], &val)) {
             free_value(&val);
