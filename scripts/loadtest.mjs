@@ -12,6 +12,8 @@
 
 import { readFileSync } from 'node:fs';
 
+import { loopbackUrl, readFlags } from './script-args.mjs';
+
 const usage = `usage: node scripts/loadtest.mjs --url http://127.0.0.1:PORT [options]
   --url URL          the server (loopback only: 127.0.0.0/8, ::1 or localhost)
   --pid PID          the server's process id, to report its RSS at start and end
@@ -24,37 +26,21 @@ const usage = `usage: node scripts/loadtest.mjs --url http://127.0.0.1:PORT [opt
 
 function parseArgs(argv) {
   const o = { clients: 64, duration: 60, maxTokens: 64, grace: 30, apiKey: process.env.BLADE_API_KEY, chat: false };
-  const num = (name, v, min, max) => {
-    const x = Number(v);
-    if (!Number.isFinite(x) || x < min || x > max) throw new Error(`${name} expects a number in [${min}, ${max}], got '${v}'`);
-    return x;
-  };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    const next = () => {
-      if (i + 1 >= argv.length) throw new Error(`${a} needs a value`);
-      return argv[++i];
-    };
+  readFlags(argv, (a, value, number) => {
     switch (a) {
-      case '--url': o.url = next(); break;
-      case '--pid': o.pid = num(a, next(), 1, 2 ** 31); break;
-      case '--clients': o.clients = num(a, next(), 1, 4096); break;
-      case '--duration': o.duration = num(a, next(), 1, 86400); break;
-      case '--max-tokens': o.maxTokens = num(a, next(), 1, 1 << 20); break;
-      case '--grace': o.grace = num(a, next(), 0, 3600); break;
-      case '--api-key': o.apiKey = next(); break;
+      case '--url': o.url = value(); break;
+      case '--pid': o.pid = number(1, 2 ** 31); break;
+      case '--clients': o.clients = number(1, 4096); break;
+      case '--duration': o.duration = number(1, 86400); break;
+      case '--max-tokens': o.maxTokens = number(1, 1 << 20); break;
+      case '--grace': o.grace = number(0, 3600); break;
+      case '--api-key': o.apiKey = value(); break;
       case '--chat': o.chat = true; break;
       case '-h': case '--help': console.log(usage); process.exit(0); break;
       default: throw new Error(`unknown argument '${a}'`);
     }
-  }
-  if (!o.url) throw new Error('--url is required');
-  const u = new URL(o.url);
-  const host = u.hostname.replace(/^\[|\]$/g, '');
-  if (!(host === 'localhost' || host === '::1' || /^127\.\d+\.\d+\.\d+$/.test(host)))
-    throw new Error(`refusing ${o.url}: this load test only targets the loopback interface`);
-  if (u.protocol !== 'http:') throw new Error(`refusing ${o.url}: expected an http:// URL`);
-  o.base = `${u.protocol}//${u.host}`;
+  });
+  o.base = loopbackUrl(o.url, 'this load test').base;
   return o;
 }
 

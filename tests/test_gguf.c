@@ -1159,12 +1159,146 @@ static void test_writer_removes_partial_file(void **state)
     gguf_writer_free(w);
 }
 
+/* Filled tensors come out exactly as tensors given their data up front. */
+static int fill_pattern(void *ctx, void *dst, size_t nbytes, blade_error *err)
+{
+    (void)err;
+    memcpy(dst, ctx, nbytes);
+    return 0;
+}
+
+static int fill_fails(void *ctx, void *dst, size_t nbytes, blade_error *err)
+{
+    (void)ctx;
+    memset(dst, 0, nbytes);
+    return blade_error_set(err, "the producer gave up");
+}
+
+static gguf_writer *two_tensor_writer(const float *a, const float *b, bool filled, gguf_fill_fn fill)
+{
+    gguf_writer *w = gguf_writer_new();
+    blade_error err = {{0}};
+    const int64_t ne[2] = {8, 4};
+    gguf_writer_set_string(w, "general.name", "filled");
+    assert_int_equal(gguf_writer_add_tensor(w, "a", BLADE_TYPE_F32, 2, ne, a, 32 * sizeof(float), &err), 0);
+    if (filled)
+        assert_int_equal(gguf_writer_add_tensor_filled(w, "b", BLADE_TYPE_F32, 2, ne, 32 * sizeof(float), fill,
+                                                       (void *)b, &err), 0);
+    else
+        assert_int_equal(gguf_writer_add_tensor(w, "b", BLADE_TYPE_F32, 2, ne, b, 32 * sizeof(float), &err), 0);
+    return w;
+}
+
+static int leftover_temporaries(const char *path)
+{
+    char pattern[4200];
+    snprintf(pattern, sizeof pattern, "%s.tmp-*", path);
+    glob_t g;
+    int n = glob(pattern, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+    globfree(&g);
+    return n;
+}
+
+static void test_writer_filled_tensors(void **state)
+{
+    (void)state;
+    float a[32], b[32];
+    for (int i = 0; i < 32; i++) {
+        a[i] = (float)i;
+        b[i] = -0.5f * (float)i;
+    }
+    char *p1 = temp_path("filled-direct.gguf"), *p2 = temp_path("filled-filled.gguf");
+    blade_error err = {{0}};
+    gguf_writer *w1 = two_tensor_writer(a, b, false, NULL), *w2 = two_tensor_writer(a, b, true, fill_pattern);
+    assert_int_equal(gguf_writer_write(w1, p1, false, &err), 0);
+    assert_int_equal(gguf_writer_write(w2, p2, false, &err), 0);
+    size_t n1, n2;
+    char *f1 = read_file(p1, &n1), *f2 = read_file(p2, &n2);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(f1, f2, n1);
+    free(f1);
+    free(f2);
+    gguf_writer_free(w1);
+    gguf_writer_free(w2);
+    unlink(p1);
+    unlink(p2);
+    free(p1);
+    free(p2);
+}
+
+/* A failed write never touches the file it would replace: the bytes go to a temporary
+ * beside it, removed on failure. A successful one keeps the replaced file's permissions and
+ * writes through a symbolic link to the file it names. */
+static void test_writer_replaces_atomically(void **state)
+{
+    (void)state;
+    float a[32] = {1}, b[32] = {2};
+    char *path = temp_path("atomic.gguf"), *link_path = temp_path("atomic-link.gguf");
+    blade_error err = {{0}};
+    assert_int_equal(write_file(path, "old model", 9), 0);
+    assert_int_equal(chmod(path, 0640), 0);
+
+    gguf_writer *w = two_tensor_writer(a, b, true, fill_fails);
+    assert_int_equal(gguf_writer_write(w, path, false, &err), -1);
+    assert_non_null(strstr(err.msg, "the producer gave up (nothing written)"));
+    size_t n;
+    char *kept = read_file(path, &n);
+    assert_int_equal(n, 9);
+    assert_memory_equal(kept, "old model", 9);
+    free(kept);
+    assert_int_equal(leftover_temporaries(path), 0);
+    gguf_writer_free(w);
+
+    unlink(link_path);
+    assert_int_equal(symlink(path, link_path), 0);
+    w = two_tensor_writer(a, b, true, fill_pattern);
+    assert_int_equal(gguf_writer_write(w, link_path, false, &err), 0);
+    gguf_writer_free(w);
+    struct stat st;
+    assert_int_equal(lstat(link_path, &st), 0);
+    assert_true(S_ISLNK(st.st_mode));
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0640);
+    gguf_file *f = gguf_open(path, &err);
+    assert_non_null(f);
+    assert_non_null(gguf_find_tensor(f, "b"));
+    gguf_close(f);
+    assert_int_equal(leftover_temporaries(path), 0);
+    unlink(link_path);
+    unlink(path);
+    free(link_path);
+    free(path);
+}
+
+/* gguf_open_mapped reads the same file without copying it. */
+static void test_open_mapped(void **state)
+{
+    (void)state;
+    float a[32], b[32];
+    for (int i = 0; i < 32; i++)
+        a[i] = b[i] = (float)i * 0.25f;
+    char *path = temp_path("mapped.gguf");
+    blade_error err = {{0}};
+    gguf_writer *w = two_tensor_writer(a, b, false, NULL);
+    assert_int_equal(gguf_writer_write(w, path, false, &err), 0);
+    gguf_writer_free(w);
+    gguf_file *f = gguf_open_mapped(path, &err);
+    assert_non_null(f);
+    assert_false(f->copied);
+    assert_memory_equal(gguf_find_tensor(f, "b")->data, b, sizeof b);
+    gguf_close(f);
+    assert_null(gguf_open_mapped("/nonexistent/x.gguf", &err));
+    assert_non_null(strstr(err.msg, "cannot open"));
+    unlink(path);
+    free(path);
+}
+
 static void test_open_errors(void **state)
 {
     (void)state;
     blade_error err = {{0}};
     assert_null(gguf_open("/nonexistent/model.gguf", &err));
-    assert_non_null(strstr(err.msg, "/nonexistent/model.gguf: cannot open"));
+    assert_non_null(strstr(err.msg, "cannot open /nonexistent/model.gguf"));
     char *dir = temp_path("");
     assert_null(gguf_open(dir, &err));
     assert_non_null(strstr(err.msg, "not a regular file"));
@@ -1385,6 +1519,9 @@ int main(void)
         cmocka_unit_test(test_writer_sticky_errors),
         cmocka_unit_test(test_writer_reports_disk_full),
         cmocka_unit_test(test_writer_removes_partial_file),
+        cmocka_unit_test(test_writer_filled_tensors),
+        cmocka_unit_test(test_writer_replaces_atomically),
+        cmocka_unit_test(test_open_mapped),
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_shared_models),
         cmocka_unit_test(test_shared_vocab),

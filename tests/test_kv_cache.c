@@ -39,16 +39,16 @@ static blade_kv_cache *new_cache(int32_t n_blocks, int32_t block_size, bool pref
 }
 
 /* Typed, so va_arg reads back exactly the type that was passed. */
-#define END ((blade_kv_seq *)NULL)
+#define END ((blade_kv_cache_seq *)NULL)
 
 /* Checks the cache against exactly the live sequences given (END-terminated). */
 static void check_live(const blade_kv_cache *c, ...)
 {
-    const blade_kv_seq *seqs[16];
+    const blade_kv_cache_seq *seqs[16];
     int32_t n = 0;
     va_list ap;
     va_start(ap, c);
-    for (blade_kv_seq *s; (s = va_arg(ap, blade_kv_seq *)) != NULL;)
+    for (blade_kv_cache_seq *s; (s = va_arg(ap, blade_kv_cache_seq *)) != NULL;)
         seqs[n++] = s;
     va_end(ap);
     blade_error err = {{0}};
@@ -70,11 +70,11 @@ static void fill_random(int32_t *t, int32_t n, uint64_t seed)
 }
 
 /* Matches, allocates for and commits a whole prompt, as the engine does for a prefill. */
-static int32_t compute(blade_kv_cache *c, blade_kv_seq *s, const int32_t *tokens, int32_t n)
+static int32_t compute(blade_kv_cache *c, blade_kv_cache_seq *s, const int32_t *tokens, int32_t n)
 {
-    int32_t matched = blade_kv_match_prefix(c, s, tokens, n);
-    assert_int_equal(blade_kv_allocate(c, s, n), 0);
-    blade_kv_commit(c, s, tokens, n);
+    int32_t matched = blade_kv_cache_match_prefix(c, s, tokens, n);
+    assert_int_equal(blade_kv_cache_allocate(c, s, n), 0);
+    blade_kv_cache_commit(c, s, tokens, n);
     return matched;
 }
 
@@ -82,11 +82,11 @@ static int32_t compute(blade_kv_cache *c, blade_kv_seq *s, const int32_t *tokens
  * the references makes the hit blocks the most recently used. */
 static int32_t probe(blade_kv_cache *c, const char *salt, const int32_t *tokens, int32_t n)
 {
-    blade_kv_seq s;
-    blade_kv_seq_init(&s, c, salt, salt ? strlen(salt) : 0);
-    int32_t matched = blade_kv_match_prefix(c, &s, tokens, n);
-    blade_kv_release(c, &s);
-    blade_kv_seq_destroy(&s);
+    blade_kv_cache_seq s;
+    blade_kv_cache_seq_init(&s, c, salt, salt ? strlen(salt) : 0);
+    int32_t matched = blade_kv_cache_match_prefix(c, &s, tokens, n);
+    blade_kv_cache_release(c, &s);
+    blade_kv_cache_seq_destroy(&s);
     return matched;
 }
 
@@ -117,22 +117,22 @@ static void test_prefix_reuse(void **state)
     fill_random(b_tok + SHARED, N - SHARED, 2);
     b_tok[SHARED] = a_tok[SHARED] + 1;
 
-    blade_kv_seq a, b;
-    blade_kv_seq_init(&a, c, NULL, 0);
+    blade_kv_cache_seq a, b;
+    blade_kv_cache_seq_init(&a, c, NULL, 0);
     assert_int_equal(compute(c, &a, a_tok, N), 0);
     assert_int_equal(a.n_blocks, 63);
     assert_int_equal(a.n_hashed, 62);
     check_live(c, &a, END);
     memcpy(a_table, a.blocks, sizeof a_table[0] * 63);
-    blade_kv_release(c, &a);
+    blade_kv_cache_release(c, &a);
     check_live(c, END);
     blade_kv_cache_stats st = stats(c);
     assert_int_equal(st.blocks_cached, 62);
     assert_int_equal(st.blocks_free, BLOCKS - 62);
     assert_int_equal(st.blocks_used, 0);
 
-    blade_kv_seq_init(&b, c, NULL, 0);
-    assert_int_equal(blade_kv_match_prefix(c, &b, b_tok, N), SHARED);
+    blade_kv_cache_seq_init(&b, c, NULL, 0);
+    assert_int_equal(blade_kv_cache_match_prefix(c, &b, b_tok, N), SHARED);
     assert_int_equal(b.n_cached_tokens, SHARED);
     assert_int_equal(b.n_blocks, SHARED / BS);
     assert_int_equal(b.n_hashed, SHARED / BS);
@@ -142,18 +142,18 @@ static void test_prefix_reuse(void **state)
     assert_int_equal(st.blocks_used, 60);
     assert_int_equal(st.blocks_cached, 2);
 
-    assert_int_equal(blade_kv_allocate(c, &b, N), 0);
+    assert_int_equal(blade_kv_cache_allocate(c, &b, N), 0);
     assert_int_equal(b.n_blocks, 63);
     st = stats(c);
     assert_int_equal(st.blocks_free, BLOCKS - 62 - 3);
     assert_int_equal(st.evictions, 0);
-    blade_kv_commit(c, &b, b_tok, N);
+    blade_kv_cache_commit(c, &b, b_tok, N);
     assert_int_equal(b.n_hashed, 62);
     check_live(c, &b, END);
     assert_int_equal(st.prefix_query_tokens, 2 * N);
     assert_int_equal(st.prefix_hit_tokens, SHARED);
 
-    blade_kv_release(c, &b);
+    blade_kv_cache_release(c, &b);
     check_live(c, END);
     st = stats(c);
     assert_int_equal(st.blocks_cached, 64);
@@ -161,8 +161,8 @@ static void test_prefix_reuse(void **state)
     /* Both continuations are now cached side by side. */
     assert_int_equal(probe(c, NULL, a_tok, N), 992);
     assert_int_equal(probe(c, NULL, b_tok, N), 992);
-    blade_kv_seq_destroy(&a);
-    blade_kv_seq_destroy(&b);
+    blade_kv_cache_seq_destroy(&a);
+    blade_kv_cache_seq_destroy(&b);
     blade_kv_cache_free(c);
 }
 
@@ -172,11 +172,11 @@ static void test_match_leaves_one_token(void **state)
     blade_kv_cache *c = new_cache(16, 16, true, 1);
     int32_t t[33];
     fill_random(t, 33, 3);
-    blade_kv_seq a;
-    blade_kv_seq_init(&a, c, NULL, 0);
+    blade_kv_cache_seq a;
+    blade_kv_cache_seq_init(&a, c, NULL, 0);
     compute(c, &a, t, 32);
     assert_int_equal(a.n_hashed, 2);
-    blade_kv_release(c, &a);
+    blade_kv_cache_release(c, &a);
     assert_int_equal(probe(c, NULL, t, 32), 16);
     assert_int_equal(probe(c, NULL, t, 33), 32);
     assert_int_equal(probe(c, NULL, t, 17), 16);
@@ -184,7 +184,7 @@ static void test_match_leaves_one_token(void **state)
     assert_int_equal(probe(c, NULL, t, 1), 0);
     assert_int_equal(probe(c, NULL, t, 0), 0);
     check_live(c, END);
-    blade_kv_seq_destroy(&a);
+    blade_kv_cache_seq_destroy(&a);
     blade_kv_cache_free(c);
 }
 
@@ -196,8 +196,8 @@ static void test_hash_format(void **state)
     blade_kv_cache *c = new_cache(8, 4, true, 0x5a);
     uint8_t model[32], want[32];
     memset(model, 0x5a, sizeof model);
-    blade_kv_seq s;
-    blade_kv_seq_init(&s, c, "tenant", 6);
+    blade_kv_cache_seq s;
+    blade_kv_cache_seq_init(&s, c, "tenant", 6);
     assert_true(s.salt_hash_ok);
     sha256("blade-kv-root", 13, model, 32, "tenant", 6, want);
     assert_memory_equal(s.salt_hash, want, 32);
@@ -210,17 +210,17 @@ static void test_hash_format(void **state)
     assert_memory_equal(s.hashes[0], want, 32);
 
     /* No salt and an empty salt are the same tenant. */
-    blade_kv_seq u, v;
-    blade_kv_seq_init(&u, c, NULL, 0);
-    blade_kv_seq_init(&v, c, "x", 0);
+    blade_kv_cache_seq u, v;
+    blade_kv_cache_seq_init(&u, c, NULL, 0);
+    blade_kv_cache_seq_init(&v, c, "x", 0);
     assert_memory_equal(u.salt_hash, v.salt_hash, 32);
     sha256("blade-kv-root", 13, model, 32, "", 0, want);
     assert_memory_equal(u.salt_hash, want, 32);
 
-    blade_kv_release(c, &s);
-    blade_kv_seq_destroy(&s);
-    blade_kv_seq_destroy(&u);
-    blade_kv_seq_destroy(&v);
+    blade_kv_cache_release(c, &s);
+    blade_kv_cache_seq_destroy(&s);
+    blade_kv_cache_seq_destroy(&u);
+    blade_kv_cache_seq_destroy(&v);
     blade_kv_cache_free(c);
 }
 
@@ -231,13 +231,13 @@ static void test_salts_isolate(void **state)
     blade_kv_cache *c = new_cache(32, 16, true, 1);
     int32_t t[N];
     fill_random(t, N, 4);
-    blade_kv_seq a, a2, b;
-    blade_kv_seq_init(&a, c, "tenant-a", 8);
+    blade_kv_cache_seq a, a2, b;
+    blade_kv_cache_seq_init(&a, c, "tenant-a", 8);
     compute(c, &a, t, N);
     check_live(c, &a, END);
 
     /* Another tenant computes the same tokens into its own blocks, even while a's are live. */
-    blade_kv_seq_init(&b, c, "tenant-b", 8);
+    blade_kv_cache_seq_init(&b, c, "tenant-b", 8);
     assert_int_equal(compute(c, &b, t, N), 0);
     for (int32_t i = 0; i < b.n_blocks; i++)
         for (int32_t j = 0; j < a.n_blocks; j++)
@@ -245,35 +245,35 @@ static void test_salts_isolate(void **state)
     for (int32_t i = 0; i < b.n_hashed; i++)
         assert_memory_not_equal(b.hashes[i], a.hashes[i], 32);
     check_live(c, &a, &b, END);
-    blade_kv_release(c, &a);
-    blade_kv_release(c, &b);
+    blade_kv_cache_release(c, &a);
+    blade_kv_cache_release(c, &b);
     check_live(c, END);
 
     assert_int_equal(probe(c, "tenant-c", t, N), 0);
     assert_int_equal(probe(c, NULL, t, N), 0);
     assert_int_equal(probe(c, "tenant-", t, N), 0);
 
-    blade_kv_seq_init(&a2, c, "tenant-a", 8);
-    assert_int_equal(blade_kv_match_prefix(c, &a2, t, N), 48);
-    blade_kv_seq_destroy(&a);
-    blade_kv_seq_init(&a, c, "tenant-a", 8);
+    blade_kv_cache_seq_init(&a2, c, "tenant-a", 8);
+    assert_int_equal(blade_kv_cache_match_prefix(c, &a2, t, N), 48);
+    blade_kv_cache_seq_destroy(&a);
+    blade_kv_cache_seq_init(&a, c, "tenant-a", 8);
     assert_int_equal(compute(c, &a, t, N), 48);
     assert_memory_equal(a.blocks, a2.blocks, 3 * sizeof a.blocks[0]);
     check_live(c, &a, &a2, END);
-    blade_kv_release(c, &a);
-    blade_kv_release(c, &a2);
+    blade_kv_cache_release(c, &a);
+    blade_kv_cache_release(c, &a2);
 
     /* The model identity separates caches the same way a salt separates tenants. */
     blade_kv_cache *other = new_cache(32, 16, true, 2);
-    blade_kv_seq o;
-    blade_kv_seq_init(&o, other, "tenant-a", 8);
+    blade_kv_cache_seq o;
+    blade_kv_cache_seq_init(&o, other, "tenant-a", 8);
     assert_memory_not_equal(o.salt_hash, a.salt_hash, 32);
-    blade_kv_seq_destroy(&o);
+    blade_kv_cache_seq_destroy(&o);
     blade_kv_cache_free(other);
 
-    blade_kv_seq_destroy(&a);
-    blade_kv_seq_destroy(&a2);
-    blade_kv_seq_destroy(&b);
+    blade_kv_cache_seq_destroy(&a);
+    blade_kv_cache_seq_destroy(&a2);
+    blade_kv_cache_seq_destroy(&b);
     blade_kv_cache_free(c);
 }
 
@@ -284,23 +284,23 @@ static void test_prefix_caching_off(void **state)
     blade_kv_cache *c = new_cache(8, 16, false, 1);
     int32_t t[N];
     fill_random(t, N, 5);
-    blade_kv_seq a;
-    blade_kv_seq_init(&a, c, NULL, 0);
+    blade_kv_cache_seq a;
+    blade_kv_cache_seq_init(&a, c, NULL, 0);
     assert_int_equal(compute(c, &a, t, N), 0);
     assert_int_equal(a.n_hashed, 0);
     check_live(c, &a, END);
-    blade_kv_release(c, &a);
+    blade_kv_cache_release(c, &a);
     check_live(c, END);
     blade_kv_cache_stats st = stats(c);
     assert_int_equal(st.blocks_cached, 0);
     assert_int_equal(st.blocks_free, 8);
     assert_int_equal(probe(c, NULL, t, N), 0);
-    assert_int_equal(blade_kv_pin_prefix(c, t, N, NULL, 0), 0);
+    assert_int_equal(blade_kv_cache_pin_prefix(c, t, N, NULL, 0), 0);
     st = stats(c);
     assert_int_equal(st.prefix_query_tokens, 2 * N);
     assert_int_equal(st.prefix_hit_tokens, 0);
     assert_int_equal(st.blocks_pinned, 0);
-    blade_kv_seq_destroy(&a);
+    blade_kv_cache_seq_destroy(&a);
     blade_kv_cache_free(c);
 }
 
@@ -314,10 +314,10 @@ enum { LRU_BS = 4, LRU_SEQS = 4 };
 static blade_kv_cache *lru_scene(int32_t prompts[LRU_SEQS][2 * LRU_BS + 1])
 {
     blade_kv_cache *c = new_cache(8, LRU_BS, true, 1);
-    blade_kv_seq s[LRU_SEQS];
+    blade_kv_cache_seq s[LRU_SEQS];
     for (int i = 0; i < LRU_SEQS; i++) {
         fill_random(prompts[i], 2 * LRU_BS + 1, 100 + (uint64_t)i);
-        blade_kv_seq_init(&s[i], c, NULL, 0);
+        blade_kv_cache_seq_init(&s[i], c, NULL, 0);
         compute(c, &s[i], prompts[i], 2 * LRU_BS);
         assert_int_equal(s[i].blocks[0], 2 * i);
         assert_int_equal(s[i].blocks[1], 2 * i + 1);
@@ -325,12 +325,12 @@ static blade_kv_cache *lru_scene(int32_t prompts[LRU_SEQS][2 * LRU_BS + 1])
     check_live(c, &s[0], &s[1], &s[2], &s[3], END);
     const int order[LRU_SEQS] = {1, 3, 0, 2};
     for (int i = 0; i < LRU_SEQS; i++) {
-        blade_kv_release(c, &s[order[i]]);
-        blade_kv_seq_destroy(&s[order[i]]);
+        blade_kv_cache_release(c, &s[order[i]]);
+        blade_kv_cache_seq_destroy(&s[order[i]]);
     }
     check_live(c, END);
     assert_int_equal(stats(c).blocks_cached, 8);
-    assert_int_equal(blade_kv_available(c), 8);
+    assert_int_equal(blade_kv_cache_available(c), 8);
     return c;
 }
 
@@ -341,9 +341,9 @@ static void test_lru_eviction_order(void **state)
     for (int32_t k = 1; k <= 8; k++) {
         int32_t prompts[LRU_SEQS][2 * LRU_BS + 1];
         blade_kv_cache *c = lru_scene(prompts);
-        blade_kv_seq e;
-        blade_kv_seq_init(&e, c, NULL, 0);
-        assert_int_equal(blade_kv_allocate(c, &e, k * LRU_BS), 0);
+        blade_kv_cache_seq e;
+        blade_kv_cache_seq_init(&e, c, NULL, 0);
+        assert_int_equal(blade_kv_cache_allocate(c, &e, k * LRU_BS), 0);
         assert_memory_equal(e.blocks, evict_order, (size_t)k * sizeof evict_order[0]);
         assert_int_equal(stats(c).evictions, (uint64_t)k);
         check_live(c, &e, END);
@@ -361,8 +361,8 @@ static void test_lru_eviction_order(void **state)
             assert_int_equal(probe(c, NULL, prompts[i], 2 * LRU_BS + 1), alive * LRU_BS);
         }
         check_live(c, &e, END);
-        blade_kv_release(c, &e);
-        blade_kv_seq_destroy(&e);
+        blade_kv_cache_release(c, &e);
+        blade_kv_cache_seq_destroy(&e);
         blade_kv_cache_free(c);
     }
 }
@@ -375,16 +375,16 @@ static void test_hit_refreshes_lru(void **state)
     /* B is the oldest; a hit makes it the newest, so D goes first instead. */
     assert_int_equal(probe(c, NULL, prompts[1], 2 * LRU_BS + 1), 2 * LRU_BS);
     check_live(c, END);
-    blade_kv_seq e;
-    blade_kv_seq_init(&e, c, NULL, 0);
-    assert_int_equal(blade_kv_allocate(c, &e, 2 * LRU_BS), 0);
+    blade_kv_cache_seq e;
+    blade_kv_cache_seq_init(&e, c, NULL, 0);
+    assert_int_equal(blade_kv_cache_allocate(c, &e, 2 * LRU_BS), 0);
     assert_int_equal(e.blocks[0], 7);
     assert_int_equal(e.blocks[1], 6);
     assert_int_equal(probe(c, NULL, prompts[3], 2 * LRU_BS + 1), 0);
     assert_int_equal(probe(c, NULL, prompts[1], 2 * LRU_BS + 1), 2 * LRU_BS);
     check_live(c, &e, END);
-    blade_kv_release(c, &e);
-    blade_kv_seq_destroy(&e);
+    blade_kv_cache_release(c, &e);
+    blade_kv_cache_seq_destroy(&e);
     blade_kv_cache_free(c);
 }
 
@@ -396,54 +396,54 @@ static void test_pinned_survive(void **state)
     int32_t sys[4 * BS + 1], other[6 * BS];
     fill_random(sys, 4 * BS + 1, 6);
     fill_random(other, 6 * BS, 7);
-    blade_kv_seq p, h, q, x;
-    blade_kv_seq_init(&p, c, "t", 1);
+    blade_kv_cache_seq p, h, q, x;
+    blade_kv_cache_seq_init(&p, c, "t", 1);
     compute(c, &p, sys, 4 * BS);
-    blade_kv_release(c, &p);
+    blade_kv_cache_release(c, &p);
 
     /* Pinning a block someone holds keeps it off the LRU once they let go. */
-    blade_kv_seq_init(&h, c, "t", 1);
-    assert_int_equal(blade_kv_match_prefix(c, &h, sys, 4 * BS + 1), 4 * BS);
-    assert_int_equal(blade_kv_pin_prefix(c, sys, 4 * BS, "t", 1), 4);
-    assert_int_equal(blade_kv_pin_prefix(c, sys, 3 * BS + 2, "t", 1), 3);
-    assert_int_equal(blade_kv_pin_prefix(c, sys, 4 * BS, "u", 1), 0);
-    assert_int_equal(blade_kv_pin_prefix(c, sys, 4 * BS, NULL, 0), 0);
+    blade_kv_cache_seq_init(&h, c, "t", 1);
+    assert_int_equal(blade_kv_cache_match_prefix(c, &h, sys, 4 * BS + 1), 4 * BS);
+    assert_int_equal(blade_kv_cache_pin_prefix(c, sys, 4 * BS, "t", 1), 4);
+    assert_int_equal(blade_kv_cache_pin_prefix(c, sys, 3 * BS + 2, "t", 1), 3);
+    assert_int_equal(blade_kv_cache_pin_prefix(c, sys, 4 * BS, "u", 1), 0);
+    assert_int_equal(blade_kv_cache_pin_prefix(c, sys, 4 * BS, NULL, 0), 0);
     check_live(c, &h, END);
-    blade_kv_release(c, &h);
+    blade_kv_cache_release(c, &h);
     check_live(c, END);
     blade_kv_cache_stats st = stats(c);
     assert_int_equal(st.blocks_pinned, 4);
     assert_int_equal(st.blocks_cached, 4);
-    assert_int_equal(blade_kv_available(c), BLOCKS - 4);
+    assert_int_equal(blade_kv_cache_available(c), BLOCKS - 4);
 
-    blade_kv_seq_init(&q, c, "t", 1);
+    blade_kv_cache_seq_init(&q, c, "t", 1);
     compute(c, &q, other, 6 * BS);
-    blade_kv_release(c, &q);
+    blade_kv_cache_release(c, &q);
     check_live(c, END);
     assert_int_equal(stats(c).blocks_cached, 10);
-    assert_int_equal(blade_kv_available(c), BLOCKS - 4);
+    assert_int_equal(blade_kv_cache_available(c), BLOCKS - 4);
 
     /* Everything that can go goes; the pinned prefix stays whole. */
-    blade_kv_seq_init(&x, c, NULL, 0);
-    assert_int_equal(blade_kv_allocate(c, &x, (BLOCKS - 4) * BS), 0);
-    assert_int_equal(blade_kv_allocate(c, &x, (BLOCKS - 4) * BS + 1), -1);
+    blade_kv_cache_seq_init(&x, c, NULL, 0);
+    assert_int_equal(blade_kv_cache_allocate(c, &x, (BLOCKS - 4) * BS), 0);
+    assert_int_equal(blade_kv_cache_allocate(c, &x, (BLOCKS - 4) * BS + 1), -1);
     check_live(c, &x, END);
     st = stats(c);
     assert_int_equal(st.evictions, 6);
     assert_int_equal(st.blocks_used, BLOCKS - 4);
     assert_int_equal(st.blocks_cached, 4);
-    assert_int_equal(blade_kv_available(c), 0);
+    assert_int_equal(blade_kv_cache_available(c), 0);
     assert_int_equal(probe(c, "t", other, 6 * BS), 0);
     assert_int_equal(probe(c, "t", sys, 4 * BS + 1), 4 * BS);
-    assert_int_equal(blade_kv_available(c), 0);
+    assert_int_equal(blade_kv_cache_available(c), 0);
     check_live(c, &x, END);
-    blade_kv_release(c, &x);
+    blade_kv_cache_release(c, &x);
     check_live(c, END);
 
-    blade_kv_seq_destroy(&p);
-    blade_kv_seq_destroy(&h);
-    blade_kv_seq_destroy(&q);
-    blade_kv_seq_destroy(&x);
+    blade_kv_cache_seq_destroy(&p);
+    blade_kv_cache_seq_destroy(&h);
+    blade_kv_cache_seq_destroy(&q);
+    blade_kv_cache_seq_destroy(&x);
     blade_kv_cache_free(c);
 }
 
@@ -456,17 +456,17 @@ static void test_allocate_all_or_nothing(void **state)
     blade_kv_cache *c = new_cache(8, BS, true, 1);
     int32_t t[2 * BS + 1];
     fill_random(t, 2 * BS + 1, 8);
-    blade_kv_seq a, b, k;
-    blade_kv_seq_init(&k, c, NULL, 0);
+    blade_kv_cache_seq a, b, k;
+    blade_kv_cache_seq_init(&k, c, NULL, 0);
     compute(c, &k, t, 2 * BS);
-    blade_kv_release(c, &k);
-    blade_kv_seq_init(&a, c, NULL, 0);
-    assert_int_equal(blade_kv_allocate(c, &a, 3 * BS), 0);
-    assert_int_equal(blade_kv_available(c), 5);
+    blade_kv_cache_release(c, &k);
+    blade_kv_cache_seq_init(&a, c, NULL, 0);
+    assert_int_equal(blade_kv_cache_allocate(c, &a, 3 * BS), 0);
+    assert_int_equal(blade_kv_cache_available(c), 5);
 
-    blade_kv_seq_init(&b, c, NULL, 0);
+    blade_kv_cache_seq_init(&b, c, NULL, 0);
     blade_kv_cache_stats before = stats(c);
-    assert_int_equal(blade_kv_allocate(c, &b, 5 * BS + 1), -1);
+    assert_int_equal(blade_kv_cache_allocate(c, &b, 5 * BS + 1), -1);
     assert_int_equal(b.n_blocks, 0);
     blade_kv_cache_stats after = stats(c);
     assert_int_equal(after.blocks_free, before.blocks_free);
@@ -476,25 +476,25 @@ static void test_allocate_all_or_nothing(void **state)
     check_live(c, &a, &b, END);
     assert_int_equal(probe(c, NULL, t, 2 * BS + 1), 2 * BS);
 
-    assert_int_equal(blade_kv_allocate(c, &b, 5 * BS), 0);
+    assert_int_equal(blade_kv_cache_allocate(c, &b, 5 * BS), 0);
     assert_int_equal(b.n_blocks, 5);
     assert_int_equal(stats(c).evictions, 2);
     check_live(c, &a, &b, END);
     /* Growing a sequence is all-or-nothing too, and covering fewer tokens is a no-op. */
-    assert_int_equal(blade_kv_allocate(c, &a, 3 * BS + 1), -1);
+    assert_int_equal(blade_kv_cache_allocate(c, &a, 3 * BS + 1), -1);
     assert_int_equal(a.n_blocks, 3);
-    assert_int_equal(blade_kv_allocate(c, &a, 2 * BS), 0);
-    assert_int_equal(blade_kv_allocate(c, &a, 0), 0);
+    assert_int_equal(blade_kv_cache_allocate(c, &a, 2 * BS), 0);
+    assert_int_equal(blade_kv_cache_allocate(c, &a, 0), 0);
     assert_int_equal(a.n_blocks, 3);
     check_live(c, &a, &b, END);
 
-    blade_kv_release(c, &a);
-    blade_kv_release(c, &b);
+    blade_kv_cache_release(c, &a);
+    blade_kv_cache_release(c, &b);
     check_live(c, END);
     assert_int_equal(stats(c).blocks_free, 8);
-    blade_kv_seq_destroy(&a);
-    blade_kv_seq_destroy(&b);
-    blade_kv_seq_destroy(&k);
+    blade_kv_cache_seq_destroy(&a);
+    blade_kv_cache_seq_destroy(&b);
+    blade_kv_cache_seq_destroy(&k);
     blade_kv_cache_free(c);
 }
 
@@ -508,22 +508,22 @@ static void test_shared_prefix_refcounts(void **state)
     memcpy(tb, ta, 4 * BS * sizeof ta[0]);
     fill_random(tb + 4 * BS, BS, 10);
 
-    blade_kv_seq a, b, f;
-    blade_kv_seq_init(&a, c, NULL, 0);
+    blade_kv_cache_seq a, b, f;
+    blade_kv_cache_seq_init(&a, c, NULL, 0);
     compute(c, &a, ta, 4 * BS + 1);
     check_live(c, &a, END);
-    blade_kv_seq_init(&b, c, NULL, 0);
-    assert_int_equal(blade_kv_match_prefix(c, &b, tb, 5 * BS), 4 * BS);
+    blade_kv_cache_seq_init(&b, c, NULL, 0);
+    assert_int_equal(blade_kv_cache_match_prefix(c, &b, tb, 5 * BS), 4 * BS);
     assert_memory_equal(b.blocks, a.blocks, 4 * sizeof a.blocks[0]);
     check_live(c, &a, &b, END);
     assert_int_equal(stats(c).blocks_used, 5);
-    assert_int_equal(blade_kv_allocate(c, &b, 5 * BS), 0);
-    blade_kv_commit(c, &b, tb, 5 * BS);
+    assert_int_equal(blade_kv_cache_allocate(c, &b, 5 * BS), 0);
+    blade_kv_cache_commit(c, &b, tb, 5 * BS);
     check_live(c, &a, &b, END);
     assert_int_equal(stats(c).blocks_used, 6);
 
     /* b keeps the shared blocks; only a's private partial block is freed. */
-    blade_kv_release(c, &a);
+    blade_kv_cache_release(c, &a);
     check_live(c, &b, END);
     blade_kv_cache_stats st = stats(c);
     assert_int_equal(st.blocks_used, 5);
@@ -531,25 +531,25 @@ static void test_shared_prefix_refcounts(void **state)
     assert_int_equal(st.blocks_cached, 0);
 
     /* Held blocks cannot be evicted by pressure. */
-    blade_kv_seq_init(&f, c, NULL, 0);
-    assert_int_equal(blade_kv_allocate(c, &f, (BLOCKS - 5) * BS), 0);
-    assert_int_equal(blade_kv_allocate(c, &f, (BLOCKS - 5) * BS + 1), -1);
+    blade_kv_cache_seq_init(&f, c, NULL, 0);
+    assert_int_equal(blade_kv_cache_allocate(c, &f, (BLOCKS - 5) * BS), 0);
+    assert_int_equal(blade_kv_cache_allocate(c, &f, (BLOCKS - 5) * BS + 1), -1);
     check_live(c, &b, &f, END);
     assert_int_equal(stats(c).evictions, 0);
-    blade_kv_release(c, &f);
+    blade_kv_cache_release(c, &f);
     check_live(c, &b, END);
-    assert_int_equal(blade_kv_match_prefix(c, &a, ta, 4 * BS + 1), 4 * BS);
+    assert_int_equal(blade_kv_cache_match_prefix(c, &a, ta, 4 * BS + 1), 4 * BS);
     check_live(c, &a, &b, END);
-    blade_kv_release(c, &b);
+    blade_kv_cache_release(c, &b);
     check_live(c, &a, END);
-    blade_kv_release(c, &a);
+    blade_kv_cache_release(c, &a);
     check_live(c, END);
     st = stats(c);
     assert_int_equal(st.blocks_cached, 5);
     assert_int_equal(st.blocks_free, BLOCKS - 5);
-    blade_kv_seq_destroy(&a);
-    blade_kv_seq_destroy(&b);
-    blade_kv_seq_destroy(&f);
+    blade_kv_cache_seq_destroy(&a);
+    blade_kv_cache_seq_destroy(&b);
+    blade_kv_cache_seq_destroy(&f);
     blade_kv_cache_free(c);
 }
 
@@ -562,15 +562,15 @@ static void test_duplicate_commit(void **state)
     fill_random(t, 3 * BS + 1, 11);
 
     /* Both start before either has committed, so both compute the shared blocks. */
-    blade_kv_seq a, b, d;
-    blade_kv_seq_init(&a, c, NULL, 0);
-    blade_kv_seq_init(&b, c, NULL, 0);
-    assert_int_equal(blade_kv_match_prefix(c, &a, t, 2 * BS), 0);
-    assert_int_equal(blade_kv_match_prefix(c, &b, t, 3 * BS), 0);
-    assert_int_equal(blade_kv_allocate(c, &a, 2 * BS), 0);
-    assert_int_equal(blade_kv_allocate(c, &b, 3 * BS), 0);
-    blade_kv_commit(c, &a, t, 2 * BS);
-    blade_kv_commit(c, &b, t, 3 * BS);
+    blade_kv_cache_seq a, b, d;
+    blade_kv_cache_seq_init(&a, c, NULL, 0);
+    blade_kv_cache_seq_init(&b, c, NULL, 0);
+    assert_int_equal(blade_kv_cache_match_prefix(c, &a, t, 2 * BS), 0);
+    assert_int_equal(blade_kv_cache_match_prefix(c, &b, t, 3 * BS), 0);
+    assert_int_equal(blade_kv_cache_allocate(c, &a, 2 * BS), 0);
+    assert_int_equal(blade_kv_cache_allocate(c, &b, 3 * BS), 0);
+    blade_kv_cache_commit(c, &a, t, 2 * BS);
+    blade_kv_cache_commit(c, &b, t, 3 * BS);
     check_live(c, &a, &b, END);
     assert_int_equal(b.n_hashed, 3);
     assert_memory_equal(b.hashes, a.hashes, 2 * sizeof a.hashes[0]);
@@ -578,25 +578,25 @@ static void test_duplicate_commit(void **state)
     /* b's copies of the shared blocks were never registered, so they are freed; its third
      * block, which nobody else computed, is cached. */
     const int32_t chain[3] = {a.blocks[0], a.blocks[1], b.blocks[2]};
-    blade_kv_release(c, &b);
+    blade_kv_cache_release(c, &b);
     check_live(c, &a, END);
     blade_kv_cache_stats st = stats(c);
     assert_int_equal(st.blocks_used, 2);
     assert_int_equal(st.blocks_cached, 1);
     assert_int_equal(st.blocks_free, BLOCKS - 3);
-    blade_kv_release(c, &a);
+    blade_kv_cache_release(c, &a);
     check_live(c, END);
 
     /* The chain continues through the registered original into b's block. */
-    blade_kv_seq_init(&d, c, NULL, 0);
-    assert_int_equal(blade_kv_match_prefix(c, &d, t, 3 * BS + 1), 3 * BS);
+    blade_kv_cache_seq_init(&d, c, NULL, 0);
+    assert_int_equal(blade_kv_cache_match_prefix(c, &d, t, 3 * BS + 1), 3 * BS);
     assert_memory_equal(d.blocks, chain, sizeof chain);
     check_live(c, &d, END);
-    blade_kv_release(c, &d);
+    blade_kv_cache_release(c, &d);
     check_live(c, END);
-    blade_kv_seq_destroy(&a);
-    blade_kv_seq_destroy(&b);
-    blade_kv_seq_destroy(&d);
+    blade_kv_cache_seq_destroy(&a);
+    blade_kv_cache_seq_destroy(&b);
+    blade_kv_cache_seq_destroy(&d);
     blade_kv_cache_free(c);
 }
 
@@ -613,9 +613,9 @@ static void test_stats_and_config(void **state)
 
     blade_kv_cache *c = new_cache(4, 16, true, 1);
     assert_int_equal(blade_kv_cache_block_size(c), 16);
-    blade_kv_seq s;
-    blade_kv_seq_init(&s, c, NULL, 0);
-    assert_int_equal(blade_kv_allocate(c, &s, 20), 0);
+    blade_kv_cache_seq s;
+    blade_kv_cache_seq_init(&s, c, NULL, 0);
+    assert_int_equal(blade_kv_cache_allocate(c, &s, 20), 0);
     blade_kv_cache_sample_utilisation(c, &s, 20);
     blade_kv_cache_sample_utilisation(c, &s, 30);
     blade_kv_cache_stats st = stats(c);
@@ -623,8 +623,8 @@ static void test_stats_and_config(void **state)
     assert_int_equal(st.token_slots_allocated, 64);
     assert_int_equal(st.blocks_total, 4);
     assert_int_equal(st.blocks_used, 2);
-    blade_kv_release(c, &s);
-    blade_kv_seq_destroy(&s);
+    blade_kv_cache_release(c, &s);
+    blade_kv_cache_seq_destroy(&s);
     blade_kv_cache_free(c);
 }
 
@@ -643,7 +643,7 @@ enum {
 typedef struct sim_seq {
     bool live;
     int salt;
-    blade_kv_seq s;
+    blade_kv_cache_seq s;
     int32_t tokens[ST_MAX_TOK];
     int32_t n_prompt, n_tokens, n_computed;
 } sim_seq;
@@ -679,7 +679,7 @@ static int32_t owners_of(const sim *m, int32_t b)
 
 static void sim_check(const sim *m)
 {
-    const blade_kv_seq *live[ST_SEQS];
+    const blade_kv_cache_seq *live[ST_SEQS];
     int32_t n = 0;
     for (int i = 0; i < ST_SEQS; i++)
         if (m->seq[i].live)
@@ -693,8 +693,8 @@ static void sim_check(const sim *m)
 
 static void sim_end(sim *m, sim_seq *q)
 {
-    blade_kv_release(m->c, &q->s);
-    blade_kv_seq_destroy(&q->s);
+    blade_kv_cache_release(m->c, &q->s);
+    blade_kv_cache_seq_destroy(&q->s);
     q->live = false;
 }
 
@@ -710,9 +710,9 @@ static void sim_start(sim *m, sim_seq *q)
     for (int32_t i = shared; i < q->n_prompt; i++)
         q->tokens[i] = rand_below(r, 2);
     q->n_tokens = q->n_prompt;
-    blade_kv_seq_init(&q->s, m->c, salts[q->salt], strlen(salts[q->salt]));
+    blade_kv_cache_seq_init(&q->s, m->c, salts[q->salt], strlen(salts[q->salt]));
     q->live = true;
-    int32_t got = blade_kv_match_prefix(m->c, &q->s, q->tokens, q->n_prompt);
+    int32_t got = blade_kv_cache_match_prefix(m->c, &q->s, q->tokens, q->n_prompt);
     assert_int_equal(got % ST_BS, 0);
     assert_true(got <= q->n_prompt - 1);
     assert_int_equal(got, q->s.n_cached_tokens);
@@ -739,7 +739,7 @@ static void sim_advance(sim *m, sim_seq *q)
     int32_t k = 1 + rand_below(r, 12);
     if (k > q->n_tokens - q->n_computed)
         k = q->n_tokens - q->n_computed;
-    if (blade_kv_allocate(m->c, &q->s, q->n_computed + k) != 0) {
+    if (blade_kv_cache_allocate(m->c, &q->s, q->n_computed + k) != 0) {
         m->failures++;
         int victim = rand_below(r, ST_SEQS);
         if (m->seq[victim].live && &m->seq[victim] != q && rand_below(r, 2))
@@ -756,7 +756,7 @@ static void sim_advance(sim *m, sim_seq *q)
         m->sh.salt[b] = q->salt;
     }
     q->n_computed += k;
-    blade_kv_commit(m->c, &q->s, q->tokens, q->n_computed);
+    blade_kv_cache_commit(m->c, &q->s, q->tokens, q->n_computed);
     assert_int_equal(q->s.n_hashed, q->n_computed / ST_BS);
 }
 
@@ -779,7 +779,7 @@ static void run_stress(uint64_t seed)
             sim_end(m, q);
         else if (roll < 99) {
             const char *salt = salts[rand_below(&m->rng, 2)];
-            blade_kv_pin_prefix(m->c, m->docs[rand_below(&m->rng, ST_DOCS)], 2 * ST_BS, salt, strlen(salt));
+            blade_kv_cache_pin_prefix(m->c, m->docs[rand_below(&m->rng, ST_DOCS)], 2 * ST_BS, salt, strlen(salt));
         } else
             blade_kv_cache_sample_utilisation(m->c, &q->s, q->n_computed);
         sim_check(m);
@@ -811,7 +811,7 @@ static void test_stress(void **state)
 
 /* ---- the checker itself ---- */
 
-static void expect_broken(const blade_kv_cache *c, const blade_kv_seq *const *seqs, int32_t n, const char *needle)
+static void expect_broken(const blade_kv_cache *c, const blade_kv_cache_seq *const *seqs, int32_t n, const char *needle)
 {
     blade_error err = {{0}};
     assert_int_equal(blade_kv_cache_check(c, seqs, n, &err), -1);
@@ -825,8 +825,8 @@ static void test_check_detects_corruption(void **state)
     blade_kv_cache *c = new_cache(8, 4, true, 1);
     int32_t t[8];
     fill_random(t, 8, 12);
-    blade_kv_seq a;
-    blade_kv_seq_init(&a, c, NULL, 0);
+    blade_kv_cache_seq a;
+    blade_kv_cache_seq_init(&a, c, NULL, 0);
     compute(c, &a, t, 8);
     assert_int_equal(a.blocks[0], 0);
     assert_int_equal(a.blocks[1], 1);
@@ -834,8 +834,8 @@ static void test_check_detects_corruption(void **state)
 
     /* Claims a free block it never got. */
     int32_t table[1] = {5};
-    blade_kv_seq fake = {.blocks = table, .n_blocks = 1, .cap_blocks = 1};
-    const blade_kv_seq *with_fake[2] = {&a, &fake};
+    blade_kv_cache_seq fake = {.blocks = table, .n_blocks = 1, .cap_blocks = 1};
+    const blade_kv_cache_seq *with_fake[2] = {&a, &fake};
     expect_broken(c, with_fake, 2, "block 5: on the free list but owned");
 
     /* Claims a block another sequence holds, without having matched it. */
@@ -846,7 +846,7 @@ static void test_check_detects_corruption(void **state)
     expect_broken(c, NULL, 0, "block 0: reference count 1 but 0");
 
     /* The same sequence twice. */
-    const blade_kv_seq *twice[2] = {&a, &a};
+    const blade_kv_cache_seq *twice[2] = {&a, &a};
     expect_broken(c, twice, 2, "block 0: reference count 1 but 2");
 
     table[0] = 9;
@@ -854,7 +854,7 @@ static void test_check_detects_corruption(void **state)
 
     /* A hashed block whose recorded hash is not the one it is registered under. */
     a.hashes[1][0] ^= 1;
-    const blade_kv_seq *just_a[1] = {&a};
+    const blade_kv_cache_seq *just_a[1] = {&a};
     expect_broken(c, just_a, 1, "block 1: registered under a hash other");
     a.hashes[1][0] ^= 1;
 
@@ -865,13 +865,13 @@ static void test_check_detects_corruption(void **state)
     a.n_hashed = 2;
     check_live(c, &a, END);
 
-    blade_kv_release(c, &a);
+    blade_kv_cache_release(c, &a);
     check_live(c, END);
     /* A released sequence listed as live claims blocks that are now cached. */
     a.n_blocks = a.n_hashed = 2;
     expect_broken(c, just_a, 1, "block 0: reference count 0 but 1");
     a.n_blocks = a.n_hashed = 0;
-    blade_kv_seq_destroy(&a);
+    blade_kv_cache_seq_destroy(&a);
     blade_kv_cache_free(c);
 }
 

@@ -59,7 +59,7 @@ static void rig_free(rig *r)
     for (int i = 0; i < r->n_seqs; i++) {
         if (r->seqs[i].s.state != BLADE_SEQ_FINISHED)
             blade_scheduler_remove(r->sched, &r->seqs[i].s);
-        blade_kv_seq_destroy(&r->seqs[i].s.kv);
+        blade_kv_cache_seq_destroy(&r->seqs[i].s.kv);
     }
     blade_scheduler_free(r->sched);
     blade_kv_cache_free(r->kv);
@@ -78,7 +78,7 @@ static test_seq *add(rig *r, char id, blade_traffic_class cls, int32_t n_prompt,
     t->s.tokens = t->tokens;
     t->s.n_tokens = t->s.n_prompt = n_prompt;
     t->s.max_total = n_prompt + max_new;
-    blade_kv_seq_init(&t->s.kv, r->kv, NULL, 0);
+    blade_kv_cache_seq_init(&t->s.kv, r->kv, NULL, 0);
     blade_scheduler_add(r->sched, &t->s);
     return t;
 }
@@ -129,7 +129,7 @@ static void emit(rig *r, test_seq *t)
 
 static void check_kv(const rig *r)
 {
-    const blade_kv_seq *live[RIG_SEQS];
+    const blade_kv_cache_seq *live[RIG_SEQS];
     int32_t n = blade_scheduler_live(r->sched, live, RIG_SEQS);
     blade_error err = {{0}};
     if (blade_kv_cache_check(r->kv, live, n, &err) != 0)

@@ -114,16 +114,27 @@ static int stop_extra(void **state)
 
 /* ---- a raw HTTP/1.1 client (every byte under the test's control) ---- */
 
-static int dial(int port)
+/* Connects from the loopback address src (all of 127/8 is this machine), or any if NULL. */
+static int dial_from(int port, const char *src)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(fd >= 0);
+    if (src) {
+        struct sockaddr_in b = {.sin_family = AF_INET};
+        assert_int_equal(inet_pton(AF_INET, src, &b.sin_addr), 1);
+        assert_int_equal(bind(fd, (struct sockaddr *)&b, sizeof b), 0);
+    }
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     struct timeval tv = {.tv_sec = 120};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     return fd;
+}
+
+static int dial(int port)
+{
+    return dial_from(port, NULL);
 }
 
 static bool send_all(int fd, const void *data, size_t n)
@@ -794,7 +805,7 @@ static void test_bad_inputs(void **state)
     close(fd);
     /* nor does garbage that is not HTTP */
     http_raw(g_main.port, "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n", 22, &r);
-    assert_true(r.status == 0 || r.status == 400);
+    assert_int_equal(r.status, 400);
     resp_free(&r);
 
     http_ex(g_main.port, "GET", "/health", NULL, NULL, 0, false, &r);
@@ -803,6 +814,369 @@ static void test_bad_inputs(void **state)
     json_t *ok = post_ok(g_main.port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":3}");
     assert_int_equal(usage_field(ok, "completion_tokens"), 3);
     json_decref(ok);
+}
+
+/* ---- HTTP framing, deadlines and connection caps (raw bytes, as an attacker sends them) ---- */
+
+/* Reads until the server closes the connection or `limit` seconds pass; *elapsed is the time
+ * from the call to the close (or the limit), *closed whether the server closed. */
+static char *recv_until_close(int fd, double limit, size_t *len, double *elapsed, bool *closed)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    double t0 = mono(), until = t0 + limit;
+    *closed = false;
+    for (;;) {
+        double left = until - mono();
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&p, 1, (int)(left * 1000) + 1) <= 0)
+            break;
+        if (n == cap) {
+            cap *= 2;
+            buf = realloc(buf, cap + 1);
+        }
+        ssize_t r = recv(fd, buf + n, cap - n, 0);
+        if (r <= 0) {
+            *closed = true;
+            break;
+        }
+        n += (size_t)r;
+    }
+    buf[n] = 0;
+    *len = n;
+    *elapsed = mono() - t0;
+    return buf;
+}
+
+/* Status lines in a raw answer: each starts a line (a message may quote "HTTP/1.1"). */
+static int count_responses(const char *raw)
+{
+    int n = 0;
+    for (const char *p = raw; (p = strstr(p, "HTTP/1.")); p++)
+        if ((p == raw || p[-1] == '\n') && p[8] == ' ' && p[9] >= '1' && p[9] <= '5')
+            n++;
+    return n;
+}
+
+typedef struct answer {
+    resp r;
+    int n;          /* responses */
+    bool closed;    /* by the server */
+    double elapsed; /* from the last byte sent to the close */
+} answer;
+
+/* Sends req on fd and reads everything the server sends until it closes (or limit). */
+static void answer_on(int fd, const void *req, size_t len, double limit, answer *a)
+{
+    assert_true(send_all(fd, req, len));
+    size_t n;
+    char *raw = recv_until_close(fd, limit, &n, &a->elapsed, &a->closed);
+    close(fd);
+    a->n = count_responses(raw);
+    parse_resp(raw, n, &a->r);
+}
+
+/* One answer of `status` as an OpenAI error object naming `needle`, then the connection
+ * closed, all within `within` seconds. */
+static void expect_refusal(const char *what, answer *a, int status, const char *needle, double within)
+{
+    if (a->r.status != status || a->n != 1 || !a->closed || a->elapsed > within)
+        fail_msg("%s: status %d (want %d), %d responses, %s after %.2f s (want within %.1f s): %.300s", what,
+                 a->r.status, status, a->n, a->closed ? "closed" : "still open", a->elapsed, within, a->r.raw);
+    if (!strcasestr(a->r.raw, "Content-Type: application/json") || !strcasestr(a->r.raw, "Connection: close"))
+        fail_msg("%s: not a JSON answer with Connection: close: %.300s", what, a->r.raw);
+    json_t *j = body_json(&a->r);
+    const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+    if (!msg || !strstr(msg, needle))
+        fail_msg("%s: the error message lacks '%s': %.300s", what, needle, a->r.body);
+    json_decref(j);
+    resp_free(&a->r);
+}
+
+#define POST_HEAD "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " API_KEY "\r\n"
+#define SMALL_BODY "{\"prompt\":\"Once\",\"max_tokens\":2}"
+#define HEALTH_REQ "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+
+/* Asks for /health on fd and reads the answer, leaving the keep-alive connection open. */
+static void health_keep_alive(int fd)
+{
+    assert_true(send_all(fd, HEALTH_REQ, strlen(HEALTH_REQ)));
+    char buf[4096];
+    ssize_t got = recv(fd, buf, sizeof buf - 1, 0);
+    assert_true(got > 0);
+    buf[got] = 0;
+    assert_non_null(strstr(buf, "HTTP/1.1 200"));
+}
+
+/* Each refusal comes at once (the idle timeout is 15 s), as JSON, alone, and closes the
+ * connection, so nothing after the refused head is ever served: on a fresh connection (the
+ * gate's checks) and after a first request on a keep-alive one (the access handler's). */
+static void test_framing(void **state)
+{
+    (void)state;
+    char *long_field = repeat_json("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ", "a", 40000, "", "\r\n\r\n");
+    char *long_url = repeat_json("GET /", "a", 40000, "", " HTTP/1.1\r\nHost: x\r\n\r\n");
+    struct {
+        const char *name, *req;
+        int status;
+        const char *needle;
+    } cases[] = {
+        {"two Content-Length", POST_HEAD "Content-Length: 32\r\nContent-Length: 5\r\n\r\n" SMALL_BODY HEALTH_REQ, 400,
+         "more than one Content-Length"},
+        {"Content-Length and chunked",
+         POST_HEAD "Content-Length: 60\r\nTransfer-Encoding: chunked\r\n\r\n20\r\n" SMALL_BODY "\r\n0\r\n\r\n" HEALTH_REQ,
+         400, "both Content-Length and Transfer-Encoding"},
+        {"negative Content-Length", POST_HEAD "Content-Length: -5\r\n\r\n" SMALL_BODY, 400, "decimal number"},
+        {"non-numeric Content-Length", POST_HEAD "Content-Length: abc\r\n\r\n" SMALL_BODY, 400, "decimal number"},
+        {"Transfer-Encoding gzip", POST_HEAD "Transfer-Encoding: gzip\r\n\r\n" SMALL_BODY, 501, "'gzip' is not supported"},
+        {"Transfer-Encoding gzip, chunked", POST_HEAD "Transfer-Encoding: gzip, chunked\r\n\r\n20\r\n" SMALL_BODY,
+         501, "'gzip' is not supported"},
+        {"chunk of 2^64-1 bytes", POST_HEAD "Transfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nabc", 413,
+         "--max-body"},
+        {"chunk over the body limit", POST_HEAD "Transfer-Encoding: chunked\r\n\r\n1000000\r\nabc", 413, "--max-body"},
+        {"GARBAGE", "GARBAGE\r\n\r\n", 400, "request line"},
+        {"the start of a TLS hello", "\x16\x03\x01", 400, "request line"},
+        {"HTTP/2.0", "GET /health HTTP/2.0\r\nHost: x\r\n\r\n", 505, "HTTP/2.0 is not supported"},
+        {"no Host", "GET /health HTTP/1.1\r\n\r\n", 400, "Host"},
+        {"folded header", "GET /health HTTP/1.1\r\nHost: x\r\nX-A: b\r\n c\r\n\r\n", 400, "folding"},
+        {"space before colon", POST_HEAD "Content-Length : 5\r\n\r\nhello", 400, "whitespace before its colon"},
+        {"bare LF", "GET /health HTTP/1.1\nHost: x\n\n", 400, "request line"},
+        {"header too long", long_field, 431, "longer than"},
+        {"URL too long", long_url, 414, "longer than"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        answer a;
+        answer_on(dial(g_main.port), cases[i].req, strlen(cases[i].req), 10, &a);
+        expect_refusal(cases[i].name, &a, cases[i].status, cases[i].needle, 5);
+    }
+    free(long_field);
+    free(long_url);
+
+    /* later requests on a keep-alive connection */
+    struct {
+        const char *name, *req;
+        int status;
+        const char *needle;
+    } later[] = {
+        {"two Content-Length, second request", POST_HEAD "Content-Length: 32\r\nContent-Length: 5\r\n\r\n" SMALL_BODY
+         HEALTH_REQ, 400, "more than one Content-Length"},
+        {"Content-Length and chunked, second request",
+         POST_HEAD "Content-Length: 60\r\nTransfer-Encoding: chunked\r\n\r\n20\r\n" SMALL_BODY "\r\n0\r\n\r\n" HEALTH_REQ,
+         400, "both Content-Length and Transfer-Encoding"},
+        {"Transfer-Encoding gzip, second request", POST_HEAD "Transfer-Encoding: gzip\r\n\r\n" SMALL_BODY, 501,
+         "'gzip' is not supported"},
+    };
+    for (size_t i = 0; i < sizeof later / sizeof later[0]; i++) {
+        int fd = dial(g_main.port);
+        health_keep_alive(fd);
+        answer a;
+        answer_on(fd, later[i].req, strlen(later[i].req), 10, &a);
+        expect_refusal(later[i].name, &a, later[i].status, later[i].needle, 5);
+    }
+
+    /* the largest head the gate lets through is one libmicrohttpd takes too */
+    char *big = repeat_json("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n", "X-Field-Number-Padded: "
+                            "0123456789012345678901234567890123456789012345678901234567890123456789012345678901234567"
+                            "890123456789\r\n", 97, "", "\r\n");
+    assert_true(strlen(big) > 12000 && strlen(big) < 16384);
+    resp r;
+    http_raw(g_main.port, big, strlen(big), &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    free(big);
+}
+
+/* Sends `line` on fd every `every` seconds until the server answers and closes the
+ * connection (or limit); a->elapsed counts from the first line. Closes fd. */
+static void answer_trickled(int fd, const char *line, double every, double limit, answer *a)
+{
+    double t0 = mono(), el;
+    size_t n = 0;
+    char *raw = NULL;
+    a->closed = false;
+    while (!a->closed && mono() - t0 < limit) {
+        send_all(fd, line, strlen(line));
+        free(raw);
+        raw = recv_until_close(fd, every, &n, &el, &a->closed);
+        if (n && !a->closed) {
+            /* an answer came: wait for the close that follows it */
+            size_t m;
+            char *rest = recv_until_close(fd, 2, &m, &el, &a->closed);
+            raw = realloc(raw, n + m + 1);
+            memcpy(raw + n, rest, m + 1);
+            free(rest);
+            n += m;
+            break;
+        }
+    }
+    a->elapsed = mono() - t0;
+    close(fd);
+    a->n = count_responses(raw);
+    parse_resp(raw, n, &a->r);
+}
+
+/* A head or body that trickles in is cut at its deadline with 408 (no byte extends it), a
+ * body that stops short gets 408 instead of a silent close, and the same holds for the next
+ * request of a keep-alive connection. */
+static void test_deadlines(void **state)
+{
+    (void)state;
+    srv *s = &g_extra;
+    srv_start(s, "--header-timeout 0.5 --body-timeout 1.5 --idle-timeout 1");
+    answer a;
+
+    /* a head trickling in, one line every 0.2 s */
+    const char *start = "GET /health HTTP/1.1\r\nHost: x\r\n";
+    int fd = dial(s->port);
+    assert_true(send_all(fd, start, strlen(start)));
+    answer_trickled(fd, "X-Trickle: 1\r\n", 0.2, 6, &a);
+    expect_refusal("trickled head", &a, 408, "--header-timeout", 2.5);
+
+    /* a body shorter than its Content-Length: 408 once no byte came for --idle-timeout */
+    const char *short_body = POST_HEAD "Content-Length: 100\r\n\r\n{\"prompt\":";
+    answer_on(dial(s->port), short_body, strlen(short_body), 6, &a);
+    if (a.elapsed < 0.8)
+        fail_msg("the short body was answered after %.2f s, before the idle timeout of 1 s", a.elapsed);
+    expect_refusal("short body", &a, 408, "--idle-timeout", 3);
+
+    /* a body trickling in, a byte every 0.2 s: 408 at --body-timeout */
+    fd = dial(s->port);
+    const char *head = POST_HEAD "Content-Length: 100\r\n\r\n";
+    assert_true(send_all(fd, head, strlen(head)));
+    answer_trickled(fd, " ", 0.2, 6, &a);
+    if (a.elapsed < 1.3)
+        fail_msg("the trickled body was cut after %.2f s, before --body-timeout 1.5", a.elapsed);
+    expect_refusal("trickled body", &a, 408, "--body-timeout", 3.5);
+
+    /* the next head on a keep-alive connection, trickling: cut at --idle-timeout +
+     * --header-timeout after the first answer */
+    fd = dial(s->port);
+    health_keep_alive(fd);
+    assert_true(send_all(fd, start, strlen("GET /health HTTP/1.1\r\n")));
+    answer_trickled(fd, "X-Trickle: 1\r\n", 0.2, 6, &a);
+    if (a.elapsed < 1.2)
+        fail_msg("the second head was cut after %.2f s, before --idle-timeout 1 + --header-timeout 0.5",
+                 a.elapsed);
+    expect_refusal("trickled second head", &a, 408, "--header-timeout", 3.5);
+
+    resp r;
+    http_ex(s->port, "GET", "/health", NULL, NULL, 0, false, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    /* each cut request is counted once, as 408, not also as a client gone away */
+    assert_int_equal(metric(s->port, "blade:http_requests_total{status=\"408\"}"), 4);
+    assert_true(metric(s->port, "blade:http_requests_total{status=\"499\"}") <= 0);
+    assert_int_equal(srv_stop(s), 0);
+}
+
+/* A connection whose head is not complete yet. */
+static int trickler(int port, const char *src)
+{
+    const char *start = "GET /health HTTP/1.1\r\nHost: x\r\n";
+    int fd = dial_from(port, src);
+    assert_true(send_all(fd, start, strlen(start)));
+    return fd;
+}
+
+/* Whether the server has closed fd (within `within` seconds). */
+static bool closed_within(int fd, double within)
+{
+    size_t n;
+    double el;
+    bool closed;
+    free(recv_until_close(fd, within, &n, &el, &closed));
+    return closed;
+}
+
+/* GET path on a fresh connection from src; the status, within `within` seconds. */
+static int get_from(int port, const char *src, const char *path, double within)
+{
+    char req[256];
+    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path);
+    answer a;
+    answer_on(dial_from(port, src), req, strlen(req), within, &a);
+    int status = a.closed ? a.r.status : -1;
+    resp_free(&a.r);
+    return status;
+}
+
+/* n keep-alive connections from src that each had a GET /v1/models answered and stay open
+ * (not /health: a probe may get a slot kept for probes, which closes after one answer). A 503
+ * for want of a slot is tried again: the server frees a closed connection's slot a moment
+ * after its client sees the close. */
+static void open_idle(int port, const char *src, int *fds, int n)
+{
+    const char *req = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+    for (int i = 0; i < n; i++)
+        for (int tries = 0;; tries++) {
+            fds[i] = dial_from(port, src);
+            assert_true(send_all(fds[i], req, strlen(req)));
+            char buf[8192];
+            ssize_t got = recv(fds[i], buf, sizeof buf - 1, 0);
+            assert_true(got > 0);
+            buf[got] = 0;
+            if (strstr(buf, "HTTP/1.1 200"))
+                break;
+            assert_true(strstr(buf, "HTTP/1.1 503") && tries < 40);
+            close(fds[i]);
+            usleep(50000);
+        }
+}
+
+/* The per-address cap, and /health answered at once while every slot is held by connections
+ * trickling their heads or idling. */
+static void test_connection_caps(void **state)
+{
+    (void)state;
+    srv *s = &g_extra;
+    srv_start(s, "--max-connections 8 --max-connections-per-ip 4 --limit-loopback --header-timeout 30");
+    int t[16];
+
+    /* the cap's worth of trickling connections from one address; a fifth replaces the oldest */
+    for (int i = 0; i < 4; i++)
+        t[i] = trickler(s->port, "127.0.0.1");
+    usleep(100000);
+    t[4] = trickler(s->port, "127.0.0.1");
+    assert_true(closed_within(t[0], 2));
+    for (int i = 1; i < 5; i++)
+        assert_false(closed_within(t[i], 0.05));
+    /* /health from the same address and from another is answered at once */
+    double t0 = mono();
+    assert_int_equal(get_from(s->port, "127.0.0.1", "/health", 5), 200);
+    assert_int_equal(get_from(s->port, "127.0.0.2", "/health", 5), 200);
+    if (mono() - t0 > 3)
+        fail_msg("/health took %.2f s while trickling connections were held", mono() - t0);
+    /* more trickling connections than --max-connections, from several addresses */
+    char src[32];
+    for (int i = 5; i < 16; i++) {
+        snprintf(src, sizeof src, "127.0.1.%d", i % 4 + 1);
+        t[i] = trickler(s->port, src);
+    }
+    t0 = mono();
+    assert_int_equal(get_from(s->port, "127.0.0.3", "/health", 5), 200);
+    assert_int_equal(get_from(s->port, "127.0.0.3", "/v1/models", 5), 200);
+    if (mono() - t0 > 3)
+        fail_msg("/health and /v1/models took %.2f s while trickling connections were held", mono() - t0);
+    for (int i = 0; i < 16; i++)
+        close(t[i]);
+
+    /* open connections: four idle ones from an address, then a fifth request from it is
+     * refused with 503, except /health */
+    int idle[8];
+    open_idle(s->port, "127.0.0.5", idle, 4);
+    answer a;
+    const char *models = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+    answer_on(dial_from(s->port, "127.0.0.5"), models, strlen(models), 5, &a);
+    expect_refusal("fifth connection from one address", &a, 503, "--max-connections-per-ip", 2);
+    assert_int_equal(get_from(s->port, "127.0.0.5", "/health", 5), 200);
+    /* every slot open: /v1/models gets 503, /health still 200 (a slot kept for probes) */
+    open_idle(s->port, "127.0.0.6", idle + 4, 4);
+    answer_on(dial_from(s->port, "127.0.0.7"), models, strlen(models), 5, &a);
+    expect_refusal("every slot taken", &a, 503, "--max-connections", 2);
+    assert_int_equal(get_from(s->port, "127.0.0.7", "/health", 5), 200);
+    for (int i = 0; i < 8; i++)
+        close(idle[i]);
+    assert_int_equal(srv_stop(s), 0);
 }
 
 /* Twenty streaming clients leave mid-stream: every request is aborted, and every KV block
@@ -981,6 +1355,9 @@ int main(void)
         cmocka_unit_test(test_streaming),
         cmocka_unit_test(test_n_seed_stop_logprobs),
         cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_framing),
+        cmocka_unit_test_teardown(test_deadlines, stop_extra),
+        cmocka_unit_test_teardown(test_connection_caps, stop_extra),
         cmocka_unit_test(test_disconnects_free_blocks),
         cmocka_unit_test_teardown(test_limits, stop_extra),
         cmocka_unit_test_teardown(test_drain, stop_extra),

@@ -11,7 +11,7 @@
  * calls every callback (callbacks must be quick: hand the event to your own thread). */
 
 #include "blade/error.h"
-#include "blade/kv_store.h"
+#include "blade/kv_type.h"
 #include "blade/model.h"
 #include "blade/sampler.h"
 #include "blade/scheduler.h"

@@ -95,6 +95,11 @@ typedef struct gguf_file {
 } gguf_file;
 
 gguf_file *gguf_open(const char *path, blade_error *err);
+/* The same file read through its own mapping, never copied into memory: only the pages a
+ * caller touches are read. For a caller that needs no weights (a tokenizer, a chat template)
+ * it costs what the metadata does, and for one pass over the weights (converting a model)
+ * it saves the copy's time and memory. Validated as by gguf_open. */
+gguf_file *gguf_open_mapped(const char *path, blade_error *err);
 /* Parses a buffer the caller keeps alive (used by tests); same validation. */
 gguf_file *gguf_open_memory(const void *buf, size_t size, blade_error *err);
 void gguf_close(gguf_file *f);
@@ -144,12 +149,28 @@ void gguf_writer_set_array(gguf_writer *w, const char *key, gguf_value_type elem
 void gguf_writer_set_string_array(gguf_writer *w, const char *key, const char *const *v, uint64_t n);
 /* Copies every key/value of an opened file (used when re-writing a model). */
 void gguf_writer_copy_kv(gguf_writer *w, const gguf_file *src);
+/* Drops a key set or copied earlier (nothing when there is none), keeping the others' order. */
+void gguf_writer_remove_kv(gguf_writer *w, const char *key);
+/* Copies, with their types, the key/values whose key starts with prefix. */
+void gguf_writer_copy_kv_prefix(gguf_writer *w, const gguf_file *src, const char *prefix);
 /* Tensor data is referenced, not copied: it must stay valid until gguf_writer_write.
  * ne has n_dims entries. */
 int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
                            const int64_t *ne, const void *data, size_t nbytes, blade_error *err);
-/* Writes a GGUF v3 file with general.alignment (default 32). Shows progress on a terminal
- * when show_progress is set. */
+/* A tensor whose bytes are produced while the file is written, so a converter holds one
+ * tensor at a time instead of the whole model: fill(fill_ctx, dst, nbytes, err) is called
+ * once, in file order, to fill a buffer of nbytes. Returning non-zero (with err set) aborts
+ * the write. */
+typedef int (*gguf_fill_fn)(void *fill_ctx, void *dst, size_t nbytes, blade_error *err);
+int gguf_writer_add_tensor_filled(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                                  const int64_t *ne, size_t nbytes, gguf_fill_fn fill, void *fill_ctx,
+                                  blade_error *err);
+/* Writes a GGUF v3 file with general.alignment (default 32). A regular file (or a new name)
+ * is written to a temporary file in the same directory, synced and renamed into place, so
+ * path holds either its old contents or the complete new file, never a partial one, even
+ * when the write fails, a fill function aborts it or the process dies; a symbolic link is
+ * followed. An existing non-regular file (a device, a pipe) is written in place. Shows
+ * progress on a terminal when show_progress is set. */
 int gguf_writer_write(gguf_writer *w, const char *path, bool show_progress, blade_error *err);
 
 #endif

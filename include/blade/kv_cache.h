@@ -33,7 +33,7 @@ typedef struct blade_kv_cache_config {
 
 /* A sequence's view: its block table and the hashes of its full blocks. Owned by the
  * caller (one per request), managed through the functions below. */
-typedef struct blade_kv_seq {
+typedef struct blade_kv_cache_seq {
     int32_t *blocks;   /* block table: physical block of logical block i */
     int32_t n_blocks;
     int32_t cap_blocks;
@@ -44,7 +44,7 @@ typedef struct blade_kv_seq {
      * neither matches nor registers blocks, since its chain would have no sound root. */
     bool salt_hash_ok;
     int32_t n_cached_tokens; /* tokens matched in the prefix cache when the sequence started */
-} blade_kv_seq;
+} blade_kv_cache_seq;
 
 typedef struct blade_kv_cache_stats {
     int32_t blocks_total;
@@ -64,45 +64,47 @@ void blade_kv_cache_free(blade_kv_cache *c);
 int32_t blade_kv_cache_block_size(const blade_kv_cache *c);
 
 /* Starts a sequence with an optional cache salt (tenant isolation; NULL/0 for none). */
-void blade_kv_seq_init(blade_kv_seq *s, const blade_kv_cache *c, const void *salt, size_t salt_len);
+void blade_kv_cache_seq_init(blade_kv_cache_seq *s, const blade_kv_cache *c, const void *salt, size_t salt_len);
 /* Frees the caller-side arrays; the blocks must have been released first. */
-void blade_kv_seq_destroy(blade_kv_seq *s);
+void blade_kv_cache_seq_destroy(blade_kv_cache_seq *s);
 
 /* Finds the longest run of leading full blocks of tokens[0..n) that is cached and takes a
  * reference on each for s (which must hold no blocks yet). At most n-1 tokens are matched,
  * so at least one token is always computed (its logits are needed). Returns the number
  * of tokens covered (a multiple of the block size). */
-int32_t blade_kv_match_prefix(blade_kv_cache *c, blade_kv_seq *s, const int32_t *tokens, int32_t n);
+int32_t blade_kv_cache_match_prefix(blade_kv_cache *c, blade_kv_cache_seq *s, const int32_t *tokens, int32_t n);
 
 /* Grows s's block table to cover n_tokens positions, taking free blocks first and then
  * evicting unreferenced cached blocks in LRU order. Returns 0, or -1 (allocating nothing)
  * when not enough blocks can be had. */
-int blade_kv_allocate(blade_kv_cache *c, blade_kv_seq *s, int32_t n_tokens);
+int blade_kv_cache_allocate(blade_kv_cache *c, blade_kv_cache_seq *s, int32_t n_tokens);
 /* Blocks obtainable right now: free + evictable. */
-int32_t blade_kv_available(const blade_kv_cache *c);
+int32_t blade_kv_cache_available(const blade_kv_cache *c);
 
 /* Records that tokens[0..n_computed) of s are now in the KV store: every newly completed
  * full block gets its hash and enters the prefix cache (if an identical block is already
  * cached, s's copy stays out of the index and is freed when s releases it). */
-void blade_kv_commit(blade_kv_cache *c, blade_kv_seq *s, const int32_t *tokens, int32_t n_computed);
+void blade_kv_cache_commit(blade_kv_cache *c, blade_kv_cache_seq *s, const int32_t *tokens, int32_t n_computed);
 
 /* Drops s's references; blocks no one else holds become evictable (if hashed) or free. */
-void blade_kv_release(blade_kv_cache *c, blade_kv_seq *s);
+void blade_kv_cache_release(blade_kv_cache *c, blade_kv_cache_seq *s);
 
 /* Computes the given prefix's block hashes (with the salt) and pins the cached blocks
  * among them so they are never evicted; returns how many leading blocks of the prefix are
  * now pinned (by this call or an earlier one), stopping at the first block not cached.
  * The caller computes the prefix first (e.g. by running a request for it) so its blocks
  * are cached. */
-int32_t blade_kv_pin_prefix(blade_kv_cache *c, const int32_t *tokens, int32_t n, const void *salt, size_t salt_len);
+int32_t blade_kv_cache_pin_prefix(blade_kv_cache *c, const int32_t *tokens, int32_t n, const void *salt,
+                                  size_t salt_len);
 
 void blade_kv_cache_stats_get(const blade_kv_cache *c, blade_kv_cache_stats *out);
 /* Adds n_tokens / slots of the blocks of a live sequence to the utilisation counters. */
-void blade_kv_cache_sample_utilisation(blade_kv_cache *c, const blade_kv_seq *s, int32_t n_tokens);
+void blade_kv_cache_sample_utilisation(blade_kv_cache *c, const blade_kv_cache_seq *s, int32_t n_tokens);
 
 /* For tests: checks every invariant against the given live sequences (reference counts
  * equal the number of owners, no block both free and owned, cached blocks unreferenced,
  * hash index consistent). Returns 0, or -1 with the violated invariant in err. */
-int blade_kv_cache_check(const blade_kv_cache *c, const blade_kv_seq *const *seqs, int32_t n_seqs, blade_error *err);
+int blade_kv_cache_check(const blade_kv_cache *c, const blade_kv_cache_seq *const *seqs, int32_t n_seqs,
+                         blade_error *err);
 
 #endif

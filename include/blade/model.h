@@ -2,11 +2,21 @@
 #define BLADE_MODEL_H
 
 /* A loaded model: hyperparameters read from GGUF metadata and weight views into the
- * mapped file (nothing is copied). Architectures: llama, qwen2 (QKV bias, NeoX RoPE),
- * qwen3 (per-head Q/K RMSNorm, NeoX RoPE). Anything else is refused by name. */
+ * loaded file. blade_model_load opens it with gguf_open, which copies the file once into
+ * 2 MiB-page memory (or, when that memory cannot be had, reads it through the file's own
+ * mapping), and then rearranges the weights in that copy for the kernels: the quantized
+ * projections that have a 16-row layout (kernels.h) are repacked into it, so a weight's
+ * type may be a kernel layout rather than the file's, and a layer's gate and up
+ * projections that lie back to back with one type and shape are fused into one matrix.
+ * Over the file's own mapping (gguf_open_mapped handed to blade_model_from_gguf, or no
+ * memory for the copy) nothing is rearranged and the weights are used as the file has
+ * them. The views stay valid until blade_model_free.
+ * Architectures: llama, qwen2 (QKV bias, NeoX RoPE), qwen3 (per-head Q/K RMSNorm, NeoX
+ * RoPE). Anything else is refused by name. */
 
 #include "blade/error.h"
 #include "blade/gguf.h"
+#include "blade/kv_store.h"
 #include "blade/tokenizer.h"
 
 #include <stdbool.h>
@@ -68,6 +78,9 @@ typedef struct blade_model {
     blade_weight tok_embd;
     blade_weight output_norm;
     blade_weight output; /* == tok_embd when tied */
+    /* Llama 3.1-style RoPE frequency factors, F32, one per rotated pair: pair i turns at
+     * its usual frequency divided by factor i. data NULL when the file has none. */
+    blade_weight rope_freqs;
     blade_layer *layers;
     uint64_t n_params;
     size_t weight_bytes;
@@ -80,7 +93,9 @@ void blade_model_free(blade_model *m);
 
 const char *blade_arch_name(blade_arch a);
 
-/* KV cache arithmetic: 2 (K and V) x layers x KV heads x head dim x bytes per element. */
-uint64_t blade_kv_bytes_per_token(const blade_hparams *hp, size_t bytes_per_element);
+/* The KV store a model with these hyperparameters needs: its layers, KV heads and head
+ * size, with the given element type and blocks. */
+blade_kv_store_config blade_model_kv_config(const blade_hparams *hp, blade_kv_type type, int32_t block_size,
+                                            int32_t n_blocks);
 
 #endif

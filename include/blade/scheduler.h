@@ -52,7 +52,7 @@ typedef struct blade_sched_seq {
     int32_t n_prompt;
     int32_t max_total;     /* n_prompt + max new tokens: the reservation of contiguous mode */
     int32_t n_computed;
-    blade_kv_seq kv;
+    blade_kv_cache_seq kv;
     /* bookkeeping of the scheduler */
     blade_seq_state state;
     uint64_t arrival;   /* submission order */
@@ -119,6 +119,6 @@ void blade_scheduler_commit(blade_scheduler *s, const blade_sched_plan *plan);
 bool blade_scheduler_idle(const blade_scheduler *s);
 void blade_scheduler_stats(const blade_scheduler *s, blade_sched_stats *out);
 /* Live sequences holding blocks (for invariant checks); returns how many were written. */
-int32_t blade_scheduler_live(const blade_scheduler *s, const blade_kv_seq **out, int32_t cap);
+int32_t blade_scheduler_live(const blade_scheduler *s, const blade_kv_cache_seq **out, int32_t cap);
 
 #endif

@@ -3,6 +3,8 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/engine_options.h"
+#include "common/file.h"
+#include "common/output_file.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -12,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 /* A line longer than this is refused without parsing, as `blade serve` refuses such a body. */
@@ -31,9 +35,15 @@ static void batch_usage(FILE *out)
             "\"response\": null and \"error\": {\"code\", \"message\"}. Neither stops the run. Requests run\n"
             "concurrently (continuous batching across lines); a summary goes to stderr, and a progress bar\n"
             "too when stderr is a terminal.\n\n"
+            "A file in which two lines share a custom_id is refused before anything runs (exit status 1,\n"
+            "naming the id and both lines), as OpenAI's Batch API refuses it: results are matched by custom_id.\n"
+            "The results are written to a temporary file beside FILE and renamed onto it only when the run\n"
+            "completes, so a failed or interrupted run leaves an existing FILE as it was. An output that is\n"
+            "the same file as an input (the requests, model, template or pin-prefix file, also through a\n"
+            "hard link or symlink) is refused (exit status 2). A FIFO or /dev/stdout is written in place.\n\n"
             "  -m, --model FILE          GGUF model\n"
-            "  -i, --input FILE          requests (JSONL)\n"
-            "  -o, --output FILE         results (JSONL), overwritten\n"
+            "  -i, --input FILE          requests (JSONL, a regular file)\n"
+            "  -o, --output FILE         results (JSONL), replaced when the run completes\n"
             "      --alias NAME          model name to accept in bodies (also accepted: the file's name)\n"
             "      --chat-template FILE  Jinja chat template (default: the model's tokenizer.chat_template)\n"
             "      --max-inflight N      lines running at once, bounding memory (default 256)\n"
@@ -274,20 +284,108 @@ static void progress(batch_run *b, bool last)
     fflush(stderr);
 }
 
-static long count_lines(FILE *f)
+/* A line's length without its "\n" or "\r\n". */
+static size_t line_length(const char *line, ssize_t n)
 {
-    long n = 0;
-    int c, last = '\n';
-    while ((c = getc(f)) != EOF) {
-        if (c == '\n')
-            n++;
-        last = c;
+    if (n > 0 && line[n - 1] == '\n')
+        n--;
+    if (n > 0 && line[n - 1] == '\r')
+        n--;
+    return (size_t)n;
+}
+
+/* OpenAI's Batch API refuses a file in which two requests share a custom_id, since results
+ * are matched to requests by it; so does this, before anything runs. Counts the lines too,
+ * for the progress bar. */
+static int scan_input(FILE *in, const char *path, long *n_lines)
+{
+    json_t *seen = json_object();
+    char *line = NULL, *dup_id = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    long ln = 0, dups = 0, dup_line = 0, first_line = 0;
+    while (seen && (n = getline(&line, &cap, in)) >= 0) {
+        ln++;
+        size_t len = line_length(line, n);
+        if (len > MAX_LINE_BYTES)
+            continue;
+        json_t *req = json_loadb(line, len, JSON_REJECT_DUPLICATES, NULL);
+        json_t *id = json_object_get(req, "custom_id");
+        if (json_is_string(id) && json_string_length(id) > 0) {
+            const char *v = json_string_value(id);
+            json_t *prev = json_object_getn(seen, v, json_string_length(id));
+            if (!prev) {
+                json_object_setn_new(seen, v, json_string_length(id), json_integer(ln));
+            } else if (dups++ == 0) {
+                dup_id = json_dumps(id, JSON_ENCODE_ANY);
+                dup_line = ln;
+                first_line = (long)json_integer_value(prev);
+            }
+        }
+        json_decref(req);
     }
-    if (last != '\n')
-        n++;
-    bool ok = !ferror(f);
-    rewind(f);
-    return ok ? n : -1;
+    bool failed = !seen || ferror(in);
+    free(line);
+    json_decref(seen);
+    if (failed) {
+        fprintf(stderr, "error: cannot read %s%s\n", path, seen ? "" : ": out of memory");
+        free(dup_id);
+        return -1;
+    }
+    if (dups) {
+        size_t id_len = dup_id ? strlen(dup_id) : 0;
+        fprintf(stderr,
+                "error: %s: line %ld repeats custom_id %.64s%s of line %ld (%ld duplicate custom_id%s in the file); "
+                "results are matched to requests by custom_id, so, as OpenAI's Batch API does, blade batch refuses "
+                "the file: give every request its own custom_id\n",
+                path, dup_line, dup_id ? dup_id : "?", id_len > 64 ? "..." : "", first_line, dups, dups > 1 ? "s" : "");
+        free(dup_id);
+        return -1;
+    }
+    rewind(in);
+    *n_lines = ln;
+    return 0;
+}
+
+/* The results must never land on a file the run reads. Compared by device and inode, so
+ * a hard link or a symlink to an input counts as the input. */
+static int refuse_input_as_output(const char *out_path, const char *what, const char *in_path,
+                                  const struct stat *in_st)
+{
+    struct stat st;
+    if (stat(out_path, &st) != 0 || st.st_dev != in_st->st_dev || st.st_ino != in_st->st_ino)
+        return 0;
+    fprintf(stderr,
+            "error: refusing to write the results to %s: it is the same file as the %s %s (device %u:%u, inode %llu); "
+            "blade batch never overwrites its input, choose another output file\n",
+            out_path, what, in_path, major(st.st_dev), minor(st.st_dev), (unsigned long long)st.st_ino);
+    return -1;
+}
+
+static int refuse_inputs_as_output(const char *out_path, FILE *in, const char *in_path, const char *model_path,
+                                   const char *template_file, const char *pin_prefix_file)
+{
+    struct stat st;
+    if (fstat(fileno(in), &st) != 0) {
+        fprintf(stderr, "error: cannot stat %s: %s\n", in_path, strerror(errno));
+        return -1;
+    }
+    if (refuse_input_as_output(out_path, "requests file", in_path, &st))
+        return -1;
+    const char *what[] = {"model", "chat template", "pin-prefix file"};
+    const char *paths[] = {model_path, template_file, pin_prefix_file};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
+        if (paths[i] && stat(paths[i], &st) == 0 && refuse_input_as_output(out_path, what[i], paths[i], &st))
+            return -1;
+    return 0;
+}
+
+/* What a failed run leaves at the output, for its error message. */
+static const char *left_as(const blade_output *o)
+{
+    if (!o->target)
+        return "";
+    return o->exists ? "; the output file is as it was before the run" : "; no output file was created";
 }
 
 int cmd_batch(int argc, char **argv)
@@ -344,16 +442,34 @@ int cmd_batch(int argc, char **argv)
     }
 
     rc = 1;
-    FILE *in = fopen(in_path, "rb");
+    blade_error err = {{0}};
+    FILE *in = blade_fopen_regular(in_path, &err);
     if (!in) {
-        fprintf(stderr, "error: cannot open %s: %s\n", in_path, strerror(errno));
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto out;
+    }
+    blade_output output;
+    if (blade_output_prepare(&output, out_path, &err)) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        fclose(in);
         goto out;
     }
     batch_run b = {0};
     b.sink.fd = -1;
     b.tty = isatty(STDERR_FILENO);
-    b.lines_total = b.tty ? count_lines(in) : -1;
-    blade_error err = {{0}};
+    if (refuse_inputs_as_output(out_path, in, in_path, model_path, template_file, eo.pin_prefix_file)) {
+        rc = 2;
+        goto before_model;
+    }
+    if (scan_input(in, in_path, &b.lines_total))
+        goto before_model;
+    /* Before the engine's threads exist, so that a signal cannot slip past the temporary's
+     * cover (output_file.h). */
+    if (blade_output_open(&output, &err)) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto before_model;
+    }
+    b.out = output.f;
     blade_model *m = blade_model_load(model_path, &err);
     blade_engine *e = NULL;
     api_model am = {0};
@@ -376,26 +492,19 @@ int cmd_batch(int argc, char **argv)
         err.msg[0] = 0;
         goto fail;
     }
-    if (!(b.out = fopen(out_path, "wb"))) {
-        blade_error_set(&err, "cannot create %s: %s", out_path, strerror(errno));
-        goto fail;
-    }
     b.am = &am;
     b.t_start = cli_now();
     bool eof = false;
-    while (!eof || b.inflight > 0) {
-        while (!eof && b.inflight < max_inflight) {
+    /* Once a write has failed the run has failed: no more lines are started. */
+    while ((!eof && !b.write_failed) || b.inflight > 0) {
+        while (!eof && !b.write_failed && b.inflight < max_inflight) {
             ssize_t n = getline(&line, &cap, in);
             if (n < 0) {
                 eof = true;
                 break;
             }
             b.lines_read++;
-            if (n > 0 && line[n - 1] == '\n')
-                n--;
-            if (n > 0 && line[n - 1] == '\r')
-                n--;
-            start_line(&b, line, (size_t)n);
+            start_line(&b, line, line_length(line, n));
         }
         if (b.inflight > 0) {
             struct pollfd p = {.fd = b.sink.fd, .events = POLLIN};
@@ -405,32 +514,34 @@ int cmd_batch(int argc, char **argv)
         progress(&b, false);
     }
     progress(&b, true);
-    if (ferror(in))
-        fprintf(stderr, "error: reading %s failed after %ld lines\n", in_path, b.lines_read);
-    if (fclose(b.out) || b.write_failed) {
-        blade_error_set(&err, "writing %s failed", out_path);
-        b.out = NULL;
+    if (ferror(in)) {
+        blade_error_set(&err, "reading %s failed after %ld lines%s", in_path, b.lines_read, left_as(&output));
         goto fail;
     }
-    b.out = NULL;
+    if (b.write_failed) {
+        blade_error_set(&err, "writing the results to %s failed%s", out_path, left_as(&output));
+        goto fail;
+    }
+    if (blade_output_commit(&output, &err))
+        goto fail;
     double el = cli_now() - b.t_start;
     fprintf(stderr,
             "batch: %ld requests: %ld ok, %ld failed; %lld prompt tokens, %lld completion tokens; %.1f completion "
             "tokens/s; %.2f s\n",
             b.ok + b.failed, b.ok, b.failed, (long long)b.prompt_tokens, (long long)b.completion_tokens,
             el > 0 ? (double)b.completion_tokens / el : 0.0, el);
-    rc = ferror(in) ? 1 : 0;
+    rc = 0;
 fail:
     if (rc && err.msg[0])
         fprintf(stderr, "error: %s\n", err.msg);
-    if (b.out)
-        fclose(b.out);
     free(line);
     blade_engine_free(e, false);
     api_sink_destroy(&b.sink);
     if (have_am)
         api_model_destroy(&am);
     blade_model_free(m);
+before_model:
+    blade_output_abort(&output);
     fclose(in);
 out:
     free(longopts);

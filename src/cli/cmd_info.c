@@ -3,6 +3,7 @@
 #include "blade/types.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/engine_options.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -14,7 +15,8 @@ static void info_usage(FILE *out)
             "usage: blade info [-m] MODEL [--tensors]\n\n"
             "Prints architecture, shapes, tensor types, parameter count, weight bytes and the KV cache\n"
             "arithmetic (bytes per token = 2 x layers x KV heads x head dim x bytes per element, with\n"
-            "totals at 4K and 32K context for 1, 8 and 64 concurrent sequences).\n\n"
+            "totals at 4K and 32K context for 1, 8 and 64 concurrent sequences, and what 1 GiB holds\n"
+            "for every --kv-type).\n\n"
             "  -m, --model FILE   GGUF model (may also be given as the only argument)\n"
             "      --tensors      also list every tensor with its type and shape\n"
             "  -h, --help         this help\n");
@@ -31,9 +33,12 @@ static void human_bytes(char *buf, size_t cap, double b)
     snprintf(buf, cap, u ? "%.2f %s" : "%.0f %s", b, units[u]);
 }
 
-static void print_kv_table(const blade_hparams *hp, const char *label, size_t elem_bytes)
+static void print_kv_table(const blade_hparams *hp, blade_kv_type type)
 {
-    uint64_t per_token = blade_kv_bytes_per_token(hp, elem_bytes);
+    const char *label = blade_kv_type_name(type);
+    size_t elem_bytes = blade_kv_type_size(type);
+    blade_kv_store_config one_token = blade_model_kv_config(hp, type, 1, 1);
+    uint64_t per_token = blade_kv_store_block_bytes(&one_token);
     char buf[32];
     human_bytes(buf, sizeof buf, (double)per_token);
     printf("  %s: 2 x %d layers x %d KV heads x %d head dim x %zu bytes = %llu bytes (%s) per token\n", label,
@@ -48,6 +53,26 @@ static void print_kv_table(const blade_hparams *hp, const char *label, size_t el
             printf(" %14s", buf);
         }
         printf("\n");
+    }
+}
+
+/* What 1 GiB of KV holds for every --kv-type, as the engine allocates it (blocks of 16
+ * tokens; the 8-bit types' per-token scales and their alignment included). */
+static void print_kv_type_capacity(const blade_hparams *hp)
+{
+    const int32_t block = 16;
+    const size_t gib = (size_t)1 << 30;
+    int64_t f16_tokens = cli_kv_tokens(hp, BLADE_KV_F16, block, gib);
+    printf("  per --kv-type, in 1 GiB (blocks of %d tokens):\n", block);
+    printf("    %-6s %16s %12s %22s %8s\n", "type", "bytes per token", "tokens", "full-context seqs", "vs f16");
+    for (int t = 0; t < BLADE_KV_TYPE_COUNT; t++) {
+        blade_kv_store_config one_block = blade_model_kv_config(hp, (blade_kv_type)t, block, 1);
+        int64_t tokens = cli_kv_tokens(hp, (blade_kv_type)t, block, gib);
+        char seqs[32];
+        snprintf(seqs, sizeof seqs, "%lld x %d", (long long)(tokens / hp->n_ctx_train), hp->n_ctx_train);
+        printf("    %-6s %16.1f %12lld %22s %7.2fx\n", blade_kv_type_name((blade_kv_type)t),
+               (double)blade_kv_store_block_bytes(&one_block) / block, (long long)tokens, seqs,
+               f16_tokens ? (double)tokens / (double)f16_tokens : 0.0);
     }
 }
 
@@ -102,8 +127,8 @@ int cmd_info(int argc, char **argv)
     printf("heads:         %d query, %d KV (GQA group %d), head dim %d\n", hp->n_head, hp->n_head_kv,
            hp->n_head / hp->n_head_kv, hp->head_dim);
     printf("feed-forward:  %d (SwiGLU)\n", hp->n_ff);
-    printf("rope:          %s, %d dims, base %g, linear scale %g\n", hp->rope_neox ? "NeoX" : "normal", hp->n_rot,
-           hp->rope_base, hp->rope_scale);
+    printf("rope:          %s, %d dims, base %g, linear scale %g%s\n", hp->rope_neox ? "NeoX" : "normal", hp->n_rot,
+           hp->rope_base, hp->rope_scale, m->rope_freqs.data ? ", per-pair frequency factors (rope_freqs)" : "");
     printf("rms norm eps:  %g\n", hp->rms_eps);
     printf("extras:        %s%s%s\n", hp->tied_embeddings ? "tied embeddings " : "",
            m->layers[0].bq.data ? "QKV bias " : "", m->layers[0].q_norm.data ? "Q/K RMSNorm" : "");
@@ -127,8 +152,8 @@ int cmd_info(int argc, char **argv)
     printf("weight bytes:  %llu (%s, %.2f bits per parameter)\n", (unsigned long long)m->weight_bytes, buf,
            8.0 * (double)m->weight_bytes / (double)(m->n_params ? m->n_params : 1));
     printf("KV cache:\n");
-    print_kv_table(hp, "f16", 2);
-    print_kv_table(hp, "f32", 4);
+    print_kv_table(hp, BLADE_KV_F16);
+    print_kv_type_capacity(hp);
     if (list_tensors) {
         printf("tensors:\n");
         for (uint64_t i = 0; i < f->n_tensors; i++) {

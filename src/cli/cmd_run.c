@@ -254,7 +254,8 @@ int cmd_run(int argc, char **argv)
     if (blade_sampling_params_validate(&o.sampling, &err))
         goto done;
     /* one sequence: a small KV pool covering the context is all it needs */
-    size_t block_bytes = blade_kv_block_bytes(&m->hp, o.engine.cfg.kv_type, o.engine.cfg.block_size);
+    blade_kv_store_config store_cfg = blade_model_kv_config(&m->hp, o.engine.cfg.kv_type, o.engine.cfg.block_size, 0);
+    size_t block_bytes = blade_kv_store_block_bytes(&store_cfg);
     size_t need = ((size_t)o.engine.cfg.max_context / (size_t)o.engine.cfg.block_size + 2) * block_bytes;
     if (o.engine.cfg.kv_mem_bytes > need)
         o.engine.cfg.kv_mem_bytes = need;

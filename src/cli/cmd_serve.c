@@ -35,10 +35,26 @@ static void serve_usage(FILE *out)
             "      --timeout SECONDS    longest a request may take in all, 0 = no limit (default 600)\n"
             "      --drain-timeout SECONDS  time in-flight requests get on shutdown (default 30)\n"
             "      --max-connections N  open connections, idle keep-alive ones included; one thread\n"
-            "                           each (default 1024)\n"
-            "      --idle-timeout SECONDS  close a connection after this long without traffic (idle\n"
-            "                           keep-alive, a stalled upload); while its request generates,\n"
-            "                           only --timeout applies (default 15)\n"
+            "                           each (default 1024). As many more may be sending their first\n"
+            "                           request head, without a thread; when those are full, the\n"
+            "                           oldest of the address holding the most is closed for a\n"
+            "                           newcomer. 16 more are kept for GET /health and /metrics\n"
+            "      --max-connections-per-ip N  connections one client address (IPv6: one /64) may\n"
+            "                           hold open, and as many still sending their head (a new one\n"
+            "                           replaces its oldest); past it, 503. 0 = no cap (default 256;\n"
+            "                           loopback clients are exempt unless --limit-loopback)\n"
+            "      --limit-loopback     apply --max-connections-per-ip to loopback clients too (by\n"
+            "                           default they are exempt: with the default --host every client\n"
+            "                           is loopback, and so is a reverse proxy on this machine)\n"
+            "      --idle-timeout SECONDS  close a keep-alive connection after this long without\n"
+            "                           traffic; an upload that stalls this long gets 408; while its\n"
+            "                           request generates, only --timeout applies (default 15)\n"
+            "      --header-timeout SECONDS  a request head must be complete this long after the\n"
+            "                           connection opens (for a later request on a keep-alive\n"
+            "                           connection: after the previous answer plus --idle-timeout);\n"
+            "                           bytes that trickle in do not extend it; else 408 (default 10)\n"
+            "      --body-timeout SECONDS  a request body must be complete this long after its head,\n"
+            "                           else 408 (default 60)\n"
             "  -h, --help               this help\n\n"
             "request limits: n <= %d; stop: at most %d strings of 1..%d bytes; completions logprobs 0..%d,\n"
             "chat top_logprobs 0..%d; at most %d prompts and %d choices per request; prompt + max_tokens\n"
@@ -60,7 +76,11 @@ enum {
     OPT_TIMEOUT,
     OPT_DRAIN,
     OPT_MAX_CONN,
+    OPT_MAX_CONN_IP,
+    OPT_LIMIT_LOOPBACK,
     OPT_IDLE,
+    OPT_HEADER_TIMEOUT,
+    OPT_BODY_TIMEOUT,
 };
 
 static bool parse_size(const char *flag, const char *s, size_t *out)
@@ -100,7 +120,11 @@ int cmd_serve(int argc, char **argv)
         {"timeout", required_argument, 0, OPT_TIMEOUT},
         {"drain-timeout", required_argument, 0, OPT_DRAIN},
         {"max-connections", required_argument, 0, OPT_MAX_CONN},
+        {"max-connections-per-ip", required_argument, 0, OPT_MAX_CONN_IP},
+        {"limit-loopback", no_argument, 0, OPT_LIMIT_LOOPBACK},
         {"idle-timeout", required_argument, 0, OPT_IDLE},
+        {"header-timeout", required_argument, 0, OPT_HEADER_TIMEOUT},
+        {"body-timeout", required_argument, 0, OPT_BODY_TIMEOUT},
         {"help", no_argument, 0, 'h'},
     };
     struct option *longopts = cli_merge_longopts(own, sizeof own / sizeof own[0]);
@@ -110,7 +134,8 @@ int cmd_serve(int argc, char **argv)
     cli_engine_options_init(&eo);
     server_config sc = {.host = "127.0.0.1", .port = 8080, .api_key = getenv("BLADE_API_KEY"),
                         .max_body = 8u << 20, .max_queue = 256, .timeout = 600, .drain_timeout = 30,
-                        .max_connections = 1024, .idle_timeout = 15};
+                        .max_connections = 1024, .idle_timeout = 15, .max_connections_per_ip = 256,
+                        .header_timeout = 10, .body_timeout = 60};
     if (sc.api_key && !*sc.api_key)
         sc.api_key = NULL;
     const char *model_path = NULL, *alias = NULL, *template_file = NULL;
@@ -165,10 +190,26 @@ int cmd_serve(int argc, char **argv)
                 goto out;
             sc.max_connections = (int)n;
             break;
+        case OPT_MAX_CONN_IP:
+            if (!cli_parse_int("--max-connections-per-ip", optarg, 0, 65536, &n))
+                goto out;
+            sc.max_connections_per_ip = (int)n;
+            break;
+        case OPT_LIMIT_LOOPBACK: sc.limit_loopback = true; break;
         case OPT_IDLE:
             if (!cli_parse_int("--idle-timeout", optarg, 1, 86400, &n))
                 goto out;
             sc.idle_timeout = (int)n;
+            break;
+        case OPT_HEADER_TIMEOUT:
+            if (!cli_parse_float("--header-timeout", optarg, 0.05, 86400, &x))
+                goto out;
+            sc.header_timeout = x;
+            break;
+        case OPT_BODY_TIMEOUT:
+            if (!cli_parse_float("--body-timeout", optarg, 0.05, 86400, &x))
+                goto out;
+            sc.body_timeout = x;
             break;
         case 'h': serve_usage(stdout); rc = 0; goto out;
         default: serve_usage(stderr); goto out;
@@ -191,6 +232,14 @@ int cmd_serve(int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+
+    /* a socket per connection, as many again for heads still arriving, and the probe slots */
+    long long fds = cli_raise_fd_limit(), want = 2LL * sc.max_connections + 128;
+    if (fds >= 0 && fds < want)
+        fprintf(stderr,
+                "warning: the open-file limit is %lld, below the %lld that --max-connections %d needs; raise it "
+                "(ulimit -n) or lower --max-connections\n",
+                fds, want, sc.max_connections);
 
     rc = 1;
     blade_error err = {{0}};
@@ -228,6 +277,12 @@ int cmd_serve(int argc, char **argv)
            "most %d s\n",
            sc.api_key ? "API key required" : "none", sc.max_body, sc.max_queue, sc.timeout, sc.drain_timeout,
            sc.max_connections, sc.idle_timeout);
+    char per_ip[64] = "none";
+    if (sc.max_connections_per_ip)
+        snprintf(per_ip, sizeof per_ip, "%d%s", sc.max_connections_per_ip,
+                 sc.limit_loopback ? "" : " (loopback exempt)");
+    printf("connections: head within %g s, body within %g s, per address %s\n", sc.header_timeout,
+           sc.body_timeout, per_ip);
     server_set_model(srv, &am);
     printf("blade serve: ready\n");
     fflush(stdout);

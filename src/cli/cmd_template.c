@@ -3,6 +3,7 @@
 #include "blade/tokenizer.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "common/file.h"
 
 #include <getopt.h>
 #include <jansson.h>
@@ -38,7 +39,7 @@ static char *model_template(const char *path, char **bos, char **eos)
     bool present = false;
     char *src = NULL;
     blade_tokenizer *tok = NULL;
-    gguf_file *f = gguf_open(path, &err);
+    gguf_file *f = gguf_open_mapped(path, &err);
     if (!f) {
         fprintf(stderr, "error: %s\n", err.msg);
         return NULL;
@@ -128,14 +129,13 @@ int cmd_template(int argc, char **argv)
         goto done;
     if (model)
         len = strlen(src);
-    json_error_t jerr;
-    json_t *doc = json_load_file(messages_file, 0, &jerr);
     blade_error err = {{0}};
+    json_t *doc = blade_read_json(messages_file, &err);
     blade_template *t = NULL;
     char *out = NULL;
     size_t out_len = 0;
     if (!doc) {
-        fprintf(stderr, "error: %s:%d:%d: %s\n", messages_file, jerr.line, jerr.column, jerr.text);
+        fprintf(stderr, "error: %s\n", err.msg);
         goto cleanup;
     }
     if (!json_is_array(doc) && !json_is_object(doc)) {

@@ -1,3 +1,7 @@
+/* The KV cache manager (kv_cache.h): which block of the KV store is free, held (by whom,
+ * reference-counted) or cached under its prefix hash, and LRU eviction. It hands out block
+ * numbers only; the memory behind them is the store's (kv_store.h). */
+
 #include "blade/kv_cache.h"
 
 #include <openssl/evp.h>
@@ -249,7 +253,7 @@ static void drop_ref(blade_kv_cache *c, int32_t b)
 /* Grows both caller arrays to hold want blocks, doubling so a sequence that grows a block
  * at a time reallocates O(log n) times. cap_blocks only ever counts capacity both arrays
  * have, so a failure after the first realloc leaves s consistent. */
-static int seq_reserve(blade_kv_seq *s, int32_t want)
+static int seq_reserve(blade_kv_cache_seq *s, int32_t want)
 {
     if (want <= s->cap_blocks)
         return 0;
@@ -341,20 +345,20 @@ int32_t blade_kv_cache_block_size(const blade_kv_cache *c)
     return c->block_size;
 }
 
-void blade_kv_seq_init(blade_kv_seq *s, const blade_kv_cache *c, const void *salt, size_t salt_len)
+void blade_kv_cache_seq_init(blade_kv_cache_seq *s, const blade_kv_cache *c, const void *salt, size_t salt_len)
 {
-    *s = (blade_kv_seq){0};
+    *s = (blade_kv_cache_seq){0};
     s->salt_hash_ok = root_hash(c, salt, salt_len, s->salt_hash);
 }
 
-void blade_kv_seq_destroy(blade_kv_seq *s)
+void blade_kv_cache_seq_destroy(blade_kv_cache_seq *s)
 {
     free(s->blocks);
     free(s->hashes);
-    *s = (blade_kv_seq){0};
+    *s = (blade_kv_cache_seq){0};
 }
 
-int32_t blade_kv_match_prefix(blade_kv_cache *c, blade_kv_seq *s, const int32_t *tokens, int32_t n)
+int32_t blade_kv_cache_match_prefix(blade_kv_cache *c, blade_kv_cache_seq *s, const int32_t *tokens, int32_t n)
 {
     if (n <= 0 || s->n_blocks != 0)
         return 0;
@@ -382,26 +386,26 @@ int32_t blade_kv_match_prefix(blade_kv_cache *c, blade_kv_seq *s, const int32_t 
     return s->n_cached_tokens;
 }
 
-int blade_kv_allocate(blade_kv_cache *c, blade_kv_seq *s, int32_t n_tokens)
+int blade_kv_cache_allocate(blade_kv_cache *c, blade_kv_cache_seq *s, int32_t n_tokens)
 {
     if (n_tokens <= 0)
         return 0;
     int32_t need = n_tokens / c->block_size + (n_tokens % c->block_size != 0);
     if (need <= s->n_blocks)
         return 0;
-    if (need - s->n_blocks > blade_kv_available(c) || seq_reserve(s, need) != 0)
+    if (need - s->n_blocks > blade_kv_cache_available(c) || seq_reserve(s, need) != 0)
         return -1;
     while (s->n_blocks < need)
         s->blocks[s->n_blocks++] = take_block(c);
     return 0;
 }
 
-int32_t blade_kv_available(const blade_kv_cache *c)
+int32_t blade_kv_cache_available(const blade_kv_cache *c)
 {
     return c->n_free + c->n_lru;
 }
 
-void blade_kv_commit(blade_kv_cache *c, blade_kv_seq *s, const int32_t *tokens, int32_t n_computed)
+void blade_kv_cache_commit(blade_kv_cache *c, blade_kv_cache_seq *s, const int32_t *tokens, int32_t n_computed)
 {
     if (!c->prefix_caching || !s->salt_hash_ok || n_computed <= 0)
         return;
@@ -423,7 +427,7 @@ void blade_kv_commit(blade_kv_cache *c, blade_kv_seq *s, const int32_t *tokens, 
     }
 }
 
-void blade_kv_release(blade_kv_cache *c, blade_kv_seq *s)
+void blade_kv_cache_release(blade_kv_cache *c, blade_kv_cache_seq *s)
 {
     /* Last block first: it then sits older in the LRU than the blocks before it, and a
      * block is only reachable through its whole prefix, so the chain is evicted from its
@@ -435,7 +439,8 @@ void blade_kv_release(blade_kv_cache *c, blade_kv_seq *s)
     s->n_cached_tokens = 0;
 }
 
-int32_t blade_kv_pin_prefix(blade_kv_cache *c, const int32_t *tokens, int32_t n, const void *salt, size_t salt_len)
+int32_t blade_kv_cache_pin_prefix(blade_kv_cache *c, const int32_t *tokens, int32_t n, const void *salt,
+                                  size_t salt_len)
 {
     uint8_t hash[2][BLADE_HASH_BYTES];
     if (n <= 0 || !root_hash(c, salt, salt_len, hash[0]))
@@ -477,7 +482,7 @@ void blade_kv_cache_stats_get(const blade_kv_cache *c, blade_kv_cache_stats *out
     };
 }
 
-void blade_kv_cache_sample_utilisation(blade_kv_cache *c, const blade_kv_seq *s, int32_t n_tokens)
+void blade_kv_cache_sample_utilisation(blade_kv_cache *c, const blade_kv_cache_seq *s, int32_t n_tokens)
 {
     c->token_slots_used += n_tokens > 0 ? (uint64_t)n_tokens : 0;
     c->token_slots_allocated += (uint64_t)s->n_blocks * (uint64_t)c->block_size;
@@ -485,11 +490,11 @@ void blade_kv_cache_sample_utilisation(blade_kv_cache *c, const blade_kv_seq *s,
 
 /* ---- invariant check ---- */
 
-static int check_seqs(const blade_kv_cache *c, const blade_kv_seq *const *seqs, int32_t n_seqs,
+static int check_seqs(const blade_kv_cache *c, const blade_kv_cache_seq *const *seqs, int32_t n_seqs,
                       int32_t *owners, blade_error *err)
 {
     for (int32_t q = 0; q < n_seqs; q++) {
-        const blade_kv_seq *s = seqs[q];
+        const blade_kv_cache_seq *s = seqs[q];
         if (s->n_blocks < 0 || s->n_blocks > s->cap_blocks || s->n_hashed < 0 || s->n_hashed > s->n_blocks)
             return blade_error_set(err, "sequence %d: n_blocks %d, n_hashed %d, cap_blocks %d are inconsistent",
                                    (int)q, (int)s->n_blocks, (int)s->n_hashed, (int)s->cap_blocks);
@@ -633,7 +638,8 @@ static int check_blocks(const blade_kv_cache *c, const int32_t *owners, const ui
     return 0;
 }
 
-int blade_kv_cache_check(const blade_kv_cache *c, const blade_kv_seq *const *seqs, int32_t n_seqs, blade_error *err)
+int blade_kv_cache_check(const blade_kv_cache *c, const blade_kv_cache_seq *const *seqs, int32_t n_seqs,
+                         blade_error *err)
 {
     int32_t *owners = calloc((size_t)c->n_blocks, sizeof *owners);
     uint8_t *seen = calloc((size_t)c->n_blocks, 1);

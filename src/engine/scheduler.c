@@ -1,3 +1,8 @@
+/* The scheduler (scheduler.h): the running list in priority order, a waiting queue per
+ * traffic class, and each step's plan: decodes first, prefill chunks in the budget left,
+ * admissions while blocks last, preemption of the lowest-priority, latest-admitted
+ * sequence when they run out. It moves token counts and block numbers, never data. */
+
 #include "blade/scheduler.h"
 
 #include <stdlib.h>
@@ -147,7 +152,7 @@ void blade_scheduler_remove(blade_scheduler *s, blade_sched_seq *seq)
         list_remove(&s->running, seq);
     else if (seq->state == BLADE_SEQ_WAITING)
         list_remove(&s->waiting[seq->cls], seq);
-    blade_kv_release(s->kv, &seq->kv);
+    blade_kv_cache_release(s->kv, &seq->kv);
     seq->state = BLADE_SEQ_FINISHED;
 }
 
@@ -162,7 +167,7 @@ static int32_t blocks_for(const blade_scheduler *s, int32_t n_tokens)
 static void preempt(blade_scheduler *s, blade_sched_seq *seq, blade_sched_plan *plan)
 {
     list_remove(&s->running, seq);
-    blade_kv_release(s->kv, &seq->kv);
+    blade_kv_cache_release(s->kv, &seq->kv);
     seq->n_computed = 0;
     seq->state = BLADE_SEQ_WAITING;
     seq->preemptions++;
@@ -210,7 +215,7 @@ static bool ensure_blocks(blade_scheduler *s, blade_sched_seq *seq, int32_t n_to
         reject(s, seq, plan);
         return false;
     }
-    while (blade_kv_allocate(s->kv, &seq->kv, n_total) != 0) {
+    while (blade_kv_cache_allocate(s->kv, &seq->kv, n_total) != 0) {
         blade_sched_seq *victim = s->running.tail;
         if (!victim || victim == seq) {
             preempt(s, seq, plan);
@@ -301,12 +306,12 @@ static void admit_waiting(blade_scheduler *s, blade_sched_plan *plan, int32_t *b
             break;
         blade_sched_seq *seq = s->candidates[i];
         if (seq->kv.n_blocks == 0)
-            seq->n_computed = blade_kv_match_prefix(s->kv, &seq->kv, seq->tokens, seq->n_tokens);
+            seq->n_computed = blade_kv_cache_match_prefix(s->kv, &seq->kv, seq->tokens, seq->n_tokens);
         int32_t needed = seq->n_tokens - seq->n_computed;
         int32_t take = ignore_budget ? 0 : chunk(s, needed, *budget, plan);
         int32_t reserve = s->cfg.contiguous_kv ? seq->max_total : seq->n_computed + (ignore_budget ? needed : take);
         if (!ignore_budget && take == 0) {
-            blade_kv_release(s->kv, &seq->kv);
+            blade_kv_cache_release(s->kv, &seq->kv);
             seq->n_computed = 0;
             break;
         }
@@ -314,9 +319,9 @@ static void admit_waiting(blade_scheduler *s, blade_sched_plan *plan, int32_t *b
             reject(s, seq, plan);
             continue;
         }
-        if (blade_kv_allocate(s->kv, &seq->kv, reserve) != 0) {
+        if (blade_kv_cache_allocate(s->kv, &seq->kv, reserve) != 0) {
             /* first come, first served: nobody overtakes the head of the queue */
-            blade_kv_release(s->kv, &seq->kv);
+            blade_kv_cache_release(s->kv, &seq->kv);
             seq->n_computed = 0;
             break;
         }
@@ -371,7 +376,7 @@ void blade_scheduler_commit(blade_scheduler *s, const blade_sched_plan *plan)
     for (int32_t i = 0; i < plan->n_items; i++) {
         blade_sched_seq *seq = plan->items[i].seq;
         seq->n_computed += plan->items[i].n_tokens;
-        blade_kv_commit(s->kv, &seq->kv, seq->tokens, seq->n_computed);
+        blade_kv_cache_commit(s->kv, &seq->kv, seq->tokens, seq->n_computed);
         blade_kv_cache_sample_utilisation(s->kv, &seq->kv, seq->n_computed);
     }
 }
@@ -389,7 +394,7 @@ void blade_scheduler_stats(const blade_scheduler *s, blade_sched_stats *out)
     out->steps = s->steps;
 }
 
-int32_t blade_scheduler_live(const blade_scheduler *s, const blade_kv_seq **out, int32_t cap)
+int32_t blade_scheduler_live(const blade_scheduler *s, const blade_kv_cache_seq **out, int32_t cap)
 {
     int32_t n = 0;
     for (blade_sched_seq *q = s->running.head; q && n < cap; q = q->next)

@@ -1,4 +1,12 @@
+/* Reading GGUF (gguf.h): the whole header, metadata and tensor table validated up front
+ * against the file's size, every count and offset checked before it is used, errors
+ * naming the field and its file offset. The weights are then copied once into 2 MiB-page
+ * memory for the kernels (gguf_open), or read through the file's own mapping
+ * (gguf_open_mapped). */
+
 #include "gguf_internal.h"
+
+#include "common/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -690,25 +698,19 @@ static uint8_t *copy_to_huge_pages(const void *map, size_t size, size_t shift, s
     return aligned;
 }
 
-gguf_file *gguf_open(const char *path, blade_error *err)
+/* copy_weights: into huge pages for the kernels (gguf_open), or not at all (gguf_open_mapped). */
+static gguf_file *open_file(const char *path, bool copy_weights, blade_error *err)
 {
     if (!path) {
         blade_error_set(err, "gguf: no path given");
         return NULL;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        blade_error_set(err, "%s: cannot open: %s", path, strerror(errno));
+    int fd = blade_open_regular(path, err);
+    if (fd < 0)
         return NULL;
-    }
     struct stat st;
     if (fstat(fd, &st) != 0) {
         blade_error_set(err, "%s: cannot stat: %s", path, strerror(errno));
-        close(fd);
-        return NULL;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        blade_error_set(err, "%s: not a regular file", path);
         close(fd);
         return NULL;
     }
@@ -747,6 +749,8 @@ gguf_file *gguf_open(const char *path, blade_error *err)
         gguf_close(f);
         return NULL;
     }
+    if (!copy_weights)
+        return f;
     /* The kernels load weights 64 bytes at a time, and the format's default alignment is
      * 32: copied as it lies, a data section at 32 past a cache line splits every such load
      * across two lines (the BF16 one-token product measured about 25% slower so). The copy
@@ -767,6 +771,16 @@ gguf_file *gguf_open(const char *path, blade_error *err)
         }
     }
     return f;
+}
+
+gguf_file *gguf_open(const char *path, blade_error *err)
+{
+    return open_file(path, true, err);
+}
+
+gguf_file *gguf_open_mapped(const char *path, blade_error *err)
+{
+    return open_file(path, false, err);
 }
 
 uint8_t *gguf_set_writable(gguf_file *f, bool writable)

@@ -1,7 +1,14 @@
+/* Writing GGUF (gguf.h): metadata and tensors gathered in memory, then the file written in
+ * one pass with the format's alignment, through a temporary file that replaces the target
+ * only when complete. */
+
 #include "gguf_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +43,9 @@ typedef struct wtensor {
     uint32_t type;
     uint32_t n_dims;
     int64_t ne[GGUF_MAX_DIMS];
-    const void *data;
+    const void *data; /* NULL for a filled tensor */
+    gguf_fill_fn fill;
+    void *fill_ctx;
     size_t nbytes;
     uint64_t offset; /* assigned when the file is laid out */
 } wtensor;
@@ -146,6 +155,19 @@ static void commit(gguf_writer *w, const char *key, wkv *val)
         return;
     }
     w->kv[w->n_kv++] = *val;
+}
+
+void gguf_writer_remove_kv(gguf_writer *w, const char *key)
+{
+    for (size_t i = 0; w && i < w->n_kv; i++) {
+        if (strcmp(w->kv[i].key, key) == 0) {
+            free_value(&w->kv[i]);
+            free(w->kv[i].key);
+            memmove(&w->kv[i], &w->kv[i + 1], (w->n_kv - i - 1) * sizeof *w->kv);
+            w->n_kv--;
+            return;
+        }
+    }
 }
 
 static void set_scalar(gguf_writer *w, const char *key, gguf_value_type type, const void *v)
@@ -339,9 +361,17 @@ static bool copy_value(gguf_writer *w, const gguf_kv *kv, wkv *val)
 
 void gguf_writer_copy_kv(gguf_writer *w, const gguf_file *src)
 {
+    gguf_writer_copy_kv_prefix(w, src, "");
+}
+
+void gguf_writer_copy_kv_prefix(gguf_writer *w, const gguf_file *src, const char *prefix)
+{
     if (!w || !src)
         return;
+    size_t n = strlen(prefix);
     for (uint64_t i = 0; i < src->n_kv; i++) {
+        if (strncmp(src->kv[i].key, prefix, n) != 0)
+            continue;
         wkv val = {0};
         if (!copy_value(w, &src->kv[i], &val)) {
             free_value(&val);
@@ -351,8 +381,9 @@ void gguf_writer_copy_kv(gguf_writer *w, const gguf_file *src)
     }
 }
 
-int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
-                           const int64_t *ne, const void *data, size_t nbytes, blade_error *err)
+/* Checks a tensor's name, type and shape against nbytes and appends it. */
+static int add_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims, const int64_t *ne,
+                      size_t nbytes, const void *data, gguf_fill_fn fill, void *fill_ctx, blade_error *err)
 {
     if (!w)
         return blade_error_set(err, "gguf writer: no writer");
@@ -377,7 +408,7 @@ int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type, uint
         return blade_error_set(err, "gguf writer: tensor '%s': %zu bytes of data given, but %"
                                PRIu64 " %s elements take %zu", desc, nbytes, n_elements,
                                tt->name, expected);
-    if (!data)
+    if (!data && !fill)
         return blade_error_set(err, "gguf writer: tensor '%s': data is NULL", desc);
 
     if (w->n_tensors == w->cap_tensors) {
@@ -397,10 +428,27 @@ int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type, uint
     for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++)
         t->ne[d] = d < n_dims ? ne[d] : 1;
     t->data = data;
+    t->fill = fill;
+    t->fill_ctx = fill_ctx;
     t->nbytes = nbytes;
     t->offset = 0;
     w->n_tensors++;
     return 0;
+}
+
+int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                           const int64_t *ne, const void *data, size_t nbytes, blade_error *err)
+{
+    return add_tensor(w, name, type, n_dims, ne, nbytes, data, NULL, NULL, err);
+}
+
+int gguf_writer_add_tensor_filled(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                                  const int64_t *ne, size_t nbytes, gguf_fill_fn fill, void *fill_ctx,
+                                  blade_error *err)
+{
+    if (!fill)
+        return blade_error_set(err, "gguf writer: tensor '%s': no fill function", name ? name : "(null)");
+    return add_tensor(w, name, type, n_dims, ne, nbytes, NULL, fill, fill_ctx, err);
 }
 
 /* ---- layout and output ---- */
@@ -472,7 +520,10 @@ typedef struct sink {
     uint64_t written, total;
     bool progress;
     uint64_t shown_mib;
-    int error; /* errno of the first failure */
+    int error;           /* errno of the first failure */
+    uint8_t *scratch;    /* filled tensors are produced here, one at a time */
+    blade_error *err;    /* a fill function's message */
+    bool fill_failed;
 } sink;
 
 static void show_progress(sink *s, bool force)
@@ -571,6 +622,13 @@ static int put_file(const gguf_writer *w, sink *s, uint32_t alignment, uint64_t 
     for (size_t i = 0; i < w->n_tensors; i++) {
         const wtensor *t = &w->tensors[i];
         const uint8_t *p = t->data;
+        if (t->fill) {
+            if (t->fill(t->fill_ctx, s->scratch, t->nbytes, s->err) != 0) {
+                s->fill_failed = true;
+                return -1;
+            }
+            p = s->scratch;
+        }
         for (size_t done = 0; done < t->nbytes;) {
             size_t k = t->nbytes - done < WRITE_CHUNK_BYTES ? t->nbytes - done : WRITE_CHUNK_BYTES;
             if (put(s, p + done, k))
@@ -581,6 +639,79 @@ static int put_file(const gguf_writer *w, sink *s, uint32_t alignment, uint64_t 
             return -1;
     }
     return 0;
+}
+
+/* Where the bytes go. A regular file (or a name not yet taken) is written as a temporary
+ * file beside it and renamed over it once complete and synced, so the name never holds a
+ * partial file, not even after a crash; a symbolic link is followed, so the file it points
+ * to is the one replaced. Anything else that exists (a device such as /dev/null, a pipe) is
+ * written in place. */
+typedef struct target {
+    char final[PATH_MAX];
+    char tmp[PATH_MAX + 32]; /* empty when writing in place */
+    mode_t mode;             /* of the file being replaced; 0 for a new one */
+} target;
+
+static int open_target(const char *path, target *t, FILE **fp, blade_error *err)
+{
+    struct stat st;
+    memset(t, 0, sizeof *t);
+    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
+        if (!realpath(path, t->final))
+            return blade_error_set(err, "%s: cannot follow the symbolic link: %s", path, strerror(errno));
+    } else if (strlen(path) >= sizeof t->final) {
+        return blade_error_set(err, "%s: path too long", path);
+    } else {
+        strcpy(t->final, path);
+    }
+    bool exists = stat(t->final, &st) == 0;
+    if (exists && !S_ISREG(st.st_mode)) {
+        if (!(*fp = fopen(t->final, "wb")))
+            return blade_error_set(err, "%s: cannot create: %s", path, strerror(errno));
+        return 0;
+    }
+    t->mode = exists ? st.st_mode & 07777 : 0;
+    /* O_EXCL with a name of our own: never clobbers anything, and the new file gets the
+     * umask's permissions as any file would. */
+    static _Atomic unsigned counter;
+    int fd = -1;
+    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
+        snprintf(t->tmp, sizeof t->tmp, "%s.tmp-%ld-%u", t->final, (long)getpid(), counter++);
+        fd = open(t->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST)
+            break;
+    }
+    if (fd < 0)
+        return blade_error_set(err, "%s: cannot create: %s", path, strerror(errno));
+    if (t->mode)
+        fchmod(fd, t->mode);
+    if (!(*fp = fdopen(fd, "wb"))) {
+        int e = errno;
+        close(fd);
+        unlink(t->tmp);
+        return blade_error_set(err, "%s: cannot create: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+/* Makes the rename itself survive a crash. Best effort: some file systems refuse to sync a
+ * directory, and the data is already safe. */
+static void sync_directory_of(const char *path)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir)
+        dir[1] = '\0';
+    else if (slash)
+        *slash = '\0';
+    else
+        strcpy(dir, ".");
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
 }
 
 int gguf_writer_write(gguf_writer *w, const char *path, bool show_progress_line, blade_error *err)
@@ -596,20 +727,28 @@ int gguf_writer_write(gguf_writer *w, const char *path, bool show_progress_line,
     uint64_t total = lay_out(w, alignment, &data_start);
     if (total == 0)
         return blade_error_set(err, "%s: gguf writer: total file size overflows 64 bits", path);
+    size_t scratch_bytes = 0;
+    for (size_t i = 0; i < w->n_tensors; i++)
+        if (w->tensors[i].fill && w->tensors[i].nbytes > scratch_bytes)
+            scratch_bytes = w->tensors[i].nbytes;
+    uint8_t *scratch = scratch_bytes ? malloc(scratch_bytes) : NULL;
+    if (scratch_bytes && !scratch)
+        return blade_error_set(err, "%s: out of memory for a %zu-byte tensor", path, scratch_bytes);
 
-    FILE *fp = fopen(path, "wb");
-    if (!fp)
-        return blade_error_set(err, "%s: cannot create: %s", path, strerror(errno));
-    /* Only a regular file is removed on failure (never e.g. a device) and only it can be
-     * fsync'ed. */
-    struct stat st;
-    bool regular = fstat(fileno(fp), &st) == 0 && S_ISREG(st.st_mode);
+    target t;
+    FILE *fp;
+    if (open_target(path, &t, &fp, err) != 0) {
+        free(scratch);
+        return -1;
+    }
+    bool temporary = t.tmp[0] != '\0';
     char *buf = malloc(WRITE_BUFFER_BYTES);
     if (buf)
         setvbuf(fp, buf, _IOFBF, WRITE_BUFFER_BYTES);
 
+    blade_error fill_err = {{0}};
     sink s = {.fp = fp, .path = path, .total = total, .shown_mib = UINT64_MAX,
-              .progress = show_progress_line && isatty(STDERR_FILENO)};
+              .progress = show_progress_line && isatty(STDERR_FILENO), .scratch = scratch, .err = &fill_err};
     show_progress(&s, true);
     int rc = put_file(w, &s, alignment, data_start);
     if (rc == 0 && fflush(fp) != 0) {
@@ -618,7 +757,7 @@ int gguf_writer_write(gguf_writer *w, const char *path, bool show_progress_line,
     }
     /* Some file systems (NFS, quotas, delayed allocation) only report a full disk when
      * the data is forced out. */
-    if (rc == 0 && regular && fsync(fileno(fp)) != 0) {
+    if (rc == 0 && temporary && fsync(fileno(fp)) != 0) {
         s.error = errno;
         rc = -1;
     }
@@ -627,14 +766,23 @@ int gguf_writer_write(gguf_writer *w, const char *path, bool show_progress_line,
         rc = -1;
     }
     free(buf);
+    free(scratch);
     if (s.progress)
         fputc('\n', stderr); /* every put already refreshed the line */
+    if (rc == 0 && temporary && rename(t.tmp, t.final) != 0) {
+        s.error = errno;
+        rc = -1;
+    }
     if (rc != 0) {
-        if (regular)
-            unlink(path);
+        if (temporary)
+            unlink(t.tmp);
+        if (s.fill_failed)
+            return blade_error_set(err, "%s: %s (nothing written)", path, fill_err.msg);
         return blade_error_set(err, "%s: write failed after %" PRIu64 " of %" PRIu64 " bytes: %s%s",
                                path, s.written, total, strerror(s.error),
-                               regular ? " (partial file removed)" : "");
+                               temporary ? " (partial file removed)" : "");
     }
+    if (temporary)
+        sync_directory_of(t.final);
     return 0;
 }

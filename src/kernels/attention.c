@@ -1,9 +1,13 @@
+/* blade_attention (attention.h): the driver that owns the loop order, the scalar path the
+ * SIMD paths are tested against, and the scalar tile conversions of every KV type. */
+
 #include "blade/attention.h"
 
 #include "blade/kernels.h"
 #include "blade/types.h"
 
-#include "attention_internal.h"
+#include "kernels/attention_internal.h"
+#include "kernels/kv_type_internal.h"
 
 #include <assert.h>
 #include <math.h>
@@ -14,32 +18,76 @@
  * over keys or over head_dim, so a vectorizing compiler speeds them up without changing
  * any result. */
 
-static float load_elem(blade_kv_type type, const uint8_t *src, size_t i)
+static float f16_at(const uint8_t *src, size_t i)
 {
-    switch (type) {
-    case BLADE_KV_F16:
-        return blade_fp16_to_fp32(((const uint16_t *)src)[i]);
-    case BLADE_KV_BF16:
-        return blade_bf16_to_fp32(((const uint16_t *)src)[i]);
-    case BLADE_KV_F32:
-        break;
-    }
+    return blade_fp16_to_fp32(((const uint16_t *)src)[i]);
+}
+
+static float bf16_at(const uint8_t *src, size_t i)
+{
+    return blade_bf16_to_fp32(((const uint16_t *)src)[i]);
+}
+
+static float f32_at(const uint8_t *src, size_t i)
+{
     return ((const float *)src)[i];
 }
 
-static void load_kt_scalar(blade_kv_type type, const uint8_t *src, float *kt, int32_t block_size, int32_t head_dim,
-                           int32_t bp)
+static float q8_0_at(const uint8_t *src, size_t i)
+{
+    return (float)(int8_t)src[i];
+}
+
+static float fp8_at(const uint8_t *src, size_t i)
+{
+    return blade_e4m3_to_fp32(src[i]);
+}
+
+/* Slot j's element d of a block, times the slot's scale when the type has scales. */
+static inline float element(float (*at)(const uint8_t *, size_t), const uint8_t *src, const uint16_t *scales,
+                            int32_t j, int32_t d, int32_t head_dim)
+{
+    float x = at(src, (size_t)j * (size_t)head_dim + (size_t)d);
+    return scales ? x * blade_bf16_to_fp32(scales[j]) : x;
+}
+
+static inline void load_kt_scalar(float (*at)(const uint8_t *, size_t), const uint8_t *src, const uint16_t *scales,
+                                  float *kt, int32_t block_size, int32_t head_dim, int32_t bp)
 {
     for (int32_t j = 0; j < block_size; j++)
         for (int32_t d = 0; d < head_dim; d++)
-            kt[(size_t)d * (size_t)bp + (size_t)j] = load_elem(type, src, (size_t)j * (size_t)head_dim + (size_t)d);
+            kt[(size_t)d * (size_t)bp + (size_t)j] = element(at, src, scales, j, d, head_dim);
 }
 
-static void load_v_scalar(blade_kv_type type, const uint8_t *src, float *dst, size_t n)
+static inline void load_v_scalar(float (*at)(const uint8_t *, size_t), const uint8_t *src, const uint16_t *scales,
+                                 float *dst, int32_t n_slots, int32_t head_dim)
 {
-    for (size_t i = 0; i < n; i++)
-        dst[i] = load_elem(type, src, i);
+    for (int32_t j = 0; j < n_slots; j++)
+        for (int32_t d = 0; d < head_dim; d++)
+            dst[(size_t)j * (size_t)head_dim + (size_t)d] = element(at, src, scales, j, d, head_dim);
 }
+
+#define SCALAR_LOAD_KT(type)                                                                                     \
+    static void load_kt_##type(const uint8_t *src, const uint16_t *scales, float *kt, int32_t block_size,       \
+                               int32_t head_dim, int32_t bp)                                                      \
+    {                                                                                                            \
+        load_kt_scalar(type##_at, src, scales, kt, block_size, head_dim, bp);                                    \
+    }
+#define SCALAR_TILE(type)                                                                                        \
+    SCALAR_LOAD_KT(type)                                                                                         \
+    static void load_v_##type(const uint8_t *src, const uint16_t *scales, float *dst, int32_t n_slots,          \
+                              int32_t head_dim)                                                                  \
+    {                                                                                                            \
+        load_v_scalar(type##_at, src, scales, dst, n_slots, head_dim);                                           \
+    }                                                                                                            \
+    const attn_tile_conv blade_attn_tile_##type##_scalar = {load_kt_##type, load_v_##type};
+
+SCALAR_TILE(f16)
+SCALAR_TILE(bf16)
+SCALAR_TILE(q8_0)
+SCALAR_TILE(fp8)
+SCALAR_LOAD_KT(f32)
+const attn_tile_conv blade_attn_tile_f32_scalar = {load_kt_f32, NULL};
 
 static void row_scalar(const attn_tile *t, const float *q, float *o, int32_t nv, float *m, float *l)
 {
@@ -95,7 +143,7 @@ static void rows_scalar(const attn_tile *t, const attn_row *r, int n)
         row_scalar(t, r[i].q, r[i].o, r[i].n_valid, r[i].m, r[i].l);
 }
 
-static const attn_isa attn_scalar = {1, load_kt_scalar, load_v_scalar, rows_scalar};
+static const attn_isa attn_scalar = {1, rows_scalar};
 
 /* ---- driver ---- */
 
@@ -131,26 +179,32 @@ size_t blade_attention_scratch_bytes(const blade_kv_store *kv, int32_t n_q, int3
 
 static void prefetch_block(const blade_kv_store *kv, int32_t layer, int32_t block, int32_t head)
 {
-    const uint8_t *k = blade_kv_k(kv, layer, block, head), *v = blade_kv_v(kv, layer, block, head);
+    const uint8_t *k = blade_kv_store_k(kv, layer, block, head), *v = blade_kv_store_v(kv, layer, block, head);
     for (size_t off = 0; off < kv->head_stride; off += 64) {
         __builtin_prefetch(k + off);
         __builtin_prefetch(v + off);
     }
+    if (kv->head_scales) {
+        __builtin_prefetch(blade_kv_store_k_scale(kv, layer, block, head));
+        __builtin_prefetch(blade_kv_store_v_scale(kv, layer, block, head));
+    }
 }
 
-static const attn_isa *pick_isa(int32_t head_dim)
+static const attn_isa *const isas[BLADE_ISA_COUNT] = {
+    [BLADE_ISA_SCALAR] = &attn_scalar,
+#if defined(__x86_64__)
+    [BLADE_ISA_AVX2] = &blade_attn_avx2,
+    [BLADE_ISA_AVX512] = &blade_attn_avx512,
+#endif
+};
+
+/* The active ISA, or the best one below it whose vectors head_dim fills. */
+static blade_isa pick_isa(int32_t head_dim)
 {
     blade_isa isa = blade_isa_active();
-#if defined(__x86_64__)
-    if (isa == BLADE_ISA_AVX512 && head_dim % blade_attn_avx512.lanes == 0)
-        return &blade_attn_avx512;
-    if (isa >= BLADE_ISA_AVX2 && head_dim % blade_attn_avx2.lanes == 0)
-        return &blade_attn_avx2;
-#else
-    (void)isa;
-    (void)head_dim;
-#endif
-    return &attn_scalar;
+    while (isa > BLADE_ISA_SCALAR && (!isas[isa] || head_dim % isas[isa]->lanes != 0))
+        isa--;
+    return isa;
 }
 
 void blade_attention(const blade_attention_args *a)
@@ -162,8 +216,11 @@ void blade_attention(const blade_attention_args *a)
         return;
 
     const int32_t hd = kv->head_dim, bs = kv->block_size, group = a->n_head / kv->n_head_kv;
-    const attn_isa *isa = pick_isa(hd);
-    const attn_isa *kt_loader = bs % isa->lanes == 0 ? isa : &attn_scalar;
+    const blade_isa isa_id = pick_isa(hd);
+    const attn_isa *isa = isas[isa_id];
+    const kv_type_traits *tt = kv_type_traits_of(kv->type);
+    const attn_tile_conv *conv = tt->tile[isa_id];
+    const attn_tile_conv *kt_conv = bs % isa->lanes == 0 ? conv : tt->tile[BLADE_ISA_SCALAR];
 
     scratch_layout sl = layout(kv, a->n_q, a->n_head);
     float *base = (float *)(((uintptr_t)a->scratch + 63) & ~(uintptr_t)63);
@@ -192,13 +249,14 @@ void blade_attention(const blade_attention_args *a)
             /* All keys of the block, including slots no query of this call may see: it
              * keeps the converted tile independent of the call, and those lanes are
              * masked out of every score. */
-            kt_loader->load_kt(kv->type, blade_kv_k(kv, a->layer, phys, kvh), kt, bs, hd, tile.bp);
-            const uint8_t *v = blade_kv_v(kv, a->layer, phys, kvh);
-            if (kv->type == BLADE_KV_F32) {
-                tile.v = (const float *)v;
-            } else {
-                isa->load_v(kv->type, v, vbuf, (size_t)n_slots * (size_t)hd);
+            kt_conv->load_kt(blade_kv_store_k(kv, a->layer, phys, kvh), blade_kv_store_k_scale(kv, a->layer, phys, kvh),
+                             kt, bs, hd, tile.bp);
+            const uint8_t *v = blade_kv_store_v(kv, a->layer, phys, kvh);
+            if (conv->load_v) {
+                conv->load_v(v, blade_kv_store_v_scale(kv, a->layer, phys, kvh), vbuf, n_slots, hd);
                 tile.v = vbuf;
+            } else {
+                tile.v = (const float *)v;
             }
             tile.first = b == 0;
             /* Blocks are scattered, so the hardware prefetcher cannot guess the next one;

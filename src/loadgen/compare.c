@@ -1,4 +1,9 @@
+/* `blade bench compare` (compare.h): two --json results of `blade bench serve` side by
+ * side, and a regression beyond the allowed percentage as a failing exit status. */
+
 #include "loadgen/compare.h"
+
+#include "common/file.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -46,10 +51,10 @@ static const struct {
 
 static json_t *load(const char *path, FILE *errout)
 {
-    json_error_t je;
-    json_t *j = json_load_file(path, 0, &je);
+    blade_error err = {{0}};
+    json_t *j = blade_read_json(path, &err);
     if (!j) {
-        fprintf(errout, "error: %s: %s\n", path, je.text);
+        fprintf(errout, "error: %s\n", err.msg);
         return NULL;
     }
     if (json_integer_value(json_object_get(j, "blade_bench_serve")) != 1 ||

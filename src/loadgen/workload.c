@@ -1,3 +1,8 @@
+/* Traffic for `blade bench serve` (workload.h): synthetic requests or a conversation
+ * dataset's turns, what each asks and when it arrives. A request's content is drawn from a
+ * random stream keyed by the seed and its session index, so two runs of one seed send the
+ * same traffic whatever order requests finish in. */
+
 #include "loadgen/workload.h"
 
 #include "common/file.h"
@@ -196,10 +201,9 @@ static const char *turn_text(json_t *turn, const char *speaker1, const char *spe
  * skipped. */
 static int load_dataset(lg_workload *w, int32_t max_context, blade_error *err)
 {
-    json_error_t je;
-    json_t *root = json_load_file(w->cfg.dataset_path, 0, &je);
+    json_t *root = blade_read_json(w->cfg.dataset_path, err);
     if (!root)
-        return blade_error_set(err, "%s:%d: %s", w->cfg.dataset_path, je.line, je.text);
+        return -1;
     int rc = -1;
     size_t n = json_is_array(root) ? json_array_size(root) : 0;
     size_t *order = malloc((n ? n : 1) * sizeof *order);

@@ -1,5 +1,10 @@
+/* The reference forward pass (forward.h): one token at a time, f32 throughout, read top to
+ * bottom like llama2.c's run.c. Slow on purpose: it is the oracle the batched runner's
+ * logits are checked against. */
+
 #include "blade/forward.h"
 
+#include "blade/act_stats.h"
 #include "blade/kernels.h"
 #include "blade/types.h"
 
@@ -16,6 +21,7 @@ struct blade_forward {
     float *x, *xb, *xb2, *q, *k, *v, *att, *hb, *hb2, *logits;
     float *row; /* one dequantized weight row */
     float *vec; /* a dequantized norm or bias vector */
+    blade_act_stats *stats;
 };
 
 static void *zalloc(size_t n, size_t size, bool *ok)
@@ -94,6 +100,23 @@ int32_t blade_forward_n_ctx(const blade_forward *f)
     return f->n_ctx;
 }
 
+int blade_forward_set_act_stats(blade_forward *f, blade_act_stats *s, blade_error *err)
+{
+    if (s && !blade_act_stats_fits(s, &f->m->hp))
+        return blade_error_set(err, "the activation statistics were made for a model of another shape");
+    f->stats = s;
+    return 0;
+}
+
+/* The activation row a site's matrices are about to read joins the statistics. */
+static void record(blade_forward *f, int site, const float *x)
+{
+    if (!f->stats)
+        return;
+    blade_act_stats_add(f->stats, site, x, 1, 0, 0, blade_act_stats_get(f->stats, site).width);
+    blade_act_stats_count(f->stats, site, 1);
+}
+
 static const float *weight_row(const blade_weight *w, int64_t r, float *buf)
 {
     blade_matmul_row_to_float(w->type, w->data, w->n_in, r, buf);
@@ -154,12 +177,15 @@ static void rmsnorm(float *out, const float *x, const blade_weight *w, int64_t n
 
 /* Rotates the first n_rot dims of one head. Llama GGUFs pair adjacent dims (2i, 2i+1);
  * NeoX-style models pair dims half a rotation apart (i, i + n_rot/2). */
-static void rope(float *head, int32_t pos, const blade_hparams *hp)
+static void rope(float *head, int32_t pos, const blade_hparams *hp, const float *freq_factors)
 {
     int half = hp->n_rot / 2;
     float p = (float)pos / hp->rope_scale;
     for (int i = 0; i < half; i++) {
-        float theta = p * powf(hp->rope_base, -2.0f * (float)i / (float)hp->n_rot);
+        float inv_freq = powf(hp->rope_base, -2.0f * (float)i / (float)hp->n_rot);
+        if (freq_factors)
+            inv_freq /= freq_factors[i];
+        float theta = p * inv_freq;
         float c = cosf(theta), s = sinf(theta);
         int a = hp->rope_neox ? i : 2 * i;
         int b = hp->rope_neox ? i + half : 2 * i + 1;
@@ -245,6 +271,7 @@ int blade_forward_token(blade_forward *f, int32_t token, int32_t pos, bool want_
         const blade_layer *L = &m->layers[l];
 
         rmsnorm(f->xb, f->x, &L->attn_norm, d, hp->rms_eps, f->vec);
+        record(f, blade_act_site(l, BLADE_ACT_ATTN_IN), f->xb);
         matvec(f->q, &L->wq, f->xb, f->row);
         matvec(f->k, &L->wk, f->xb, f->row);
         matvec(f->v, &L->wv, f->xb, f->row);
@@ -255,27 +282,30 @@ int blade_forward_token(blade_forward *f, int32_t token, int32_t pos, bool want_
             float *qh = f->q + (size_t)h * hd;
             if (L->q_norm.data)
                 rmsnorm(qh, qh, &L->q_norm, hd, hp->rms_eps, f->vec);
-            rope(qh, pos, hp);
+            rope(qh, pos, hp, m->rope_freqs.data);
         }
         for (int h = 0; h < hp->n_head_kv; h++) {
             float *kh = f->k + (size_t)h * hd;
             if (L->k_norm.data)
                 rmsnorm(kh, kh, &L->k_norm, hd, hp->rms_eps, f->vec);
-            rope(kh, pos, hp);
+            rope(kh, pos, hp, m->rope_freqs.data);
         }
         size_t slot = ((size_t)l * f->n_ctx + pos) * kv_dim;
         memcpy(f->key_cache + slot, f->k, (size_t)kv_dim * sizeof(float));
         memcpy(f->value_cache + slot, f->v, (size_t)kv_dim * sizeof(float));
 
         attention(f, l, pos);
+        record(f, blade_act_site(l, BLADE_ACT_ATTN_OUT), f->xb);
         matvec(f->xb2, &L->wo, f->xb, f->row);
         for (int i = 0; i < d; i++)
             f->x[i] += f->xb2[i];
 
         rmsnorm(f->xb, f->x, &L->ffn_norm, d, hp->rms_eps, f->vec);
+        record(f, blade_act_site(l, BLADE_ACT_FFN_IN), f->xb);
         gate_up_matvec(f->hb, f->hb2, L, f->xb, f->row);
         for (int i = 0; i < hp->n_ff; i++)
             f->hb[i] = silu(f->hb[i]) * f->hb2[i];
+        record(f, blade_act_site(l, BLADE_ACT_FFN_ACT), f->hb);
         matvec(f->xb2, &L->ffn_down, f->hb, f->row);
         for (int i = 0; i < d; i++)
             f->x[i] += f->xb2[i];
@@ -283,6 +313,7 @@ int blade_forward_token(blade_forward *f, int32_t token, int32_t pos, bool want_
     f->n_cached = pos + 1;
     if (want_logits) {
         rmsnorm(f->x, f->x, &m->output_norm, d, hp->rms_eps, f->vec);
+        record(f, blade_act_classifier_site(hp->n_layer), f->x);
         matvec(f->logits, &m->output, f->x, f->row);
     }
     return 0;

@@ -1,8 +1,16 @@
+/* Loading a model (model.h): hyperparameters from the GGUF metadata with limits that keep
+ * hostile values from sizing allocations, every tensor bound to the architecture by name
+ * and shape (a tensor nothing binds is an error, not ignored), then the weights prepared
+ * for the kernels in gguf_open's copy: projections repacked into the 16-row layouts and
+ * gate and up fused into one matrix. */
+
 #include "blade/model.h"
 
 #include "blade/kernels.h"
 #include "blade/types.h"
 
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,10 +27,17 @@ const char *blade_arch_name(blade_arch a)
     return arch_names[a];
 }
 
-uint64_t blade_kv_bytes_per_token(const blade_hparams *hp, size_t bytes_per_element)
+blade_kv_store_config blade_model_kv_config(const blade_hparams *hp, blade_kv_type type, int32_t block_size,
+                                            int32_t n_blocks)
 {
-    return 2ull * (uint64_t)hp->n_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim *
-           bytes_per_element;
+    return (blade_kv_store_config){
+        .n_layer = hp->n_layer,
+        .n_head_kv = hp->n_head_kv,
+        .head_dim = hp->head_dim,
+        .type = type,
+        .block_size = block_size,
+        .n_blocks = n_blocks,
+    };
 }
 
 static int get_dim(const gguf_file *f, const char *arch, const char *suffix, bool required,
@@ -112,7 +127,9 @@ static int read_hparams(const gguf_file *f, blade_hparams *hp, blade_error *err)
         return -1;
     if (!(hp->rms_eps > 0.0f && hp->rms_eps < 1.0f))
         return blade_error_set(err, "%s.attention.layer_norm_rms_epsilon = %g is out of range", a, hp->rms_eps);
-    if (!(hp->rope_base > 1.0f && hp->rope_base < 1e12f))
+    /* Any finite base above 1 turns every pair by a well-defined angle; bases far above
+     * real models' come from inflated models (synth.h). */
+    if (!(hp->rope_base > 1.0f && hp->rope_base <= FLT_MAX))
         return blade_error_set(err, "%s.rope.freq_base = %g is out of range", a, hp->rope_base);
 
     hp->rope_scale = 1.0f;
@@ -140,16 +157,27 @@ static int read_hparams(const gguf_file *f, blade_hparams *hp, blade_error *err)
     return 0;
 }
 
+/* Binding the file's tensors to the architecture's weights. Every tensor bound is marked
+ * claimed; one the architecture has no use for would be silently ignored, so after binding
+ * any unclaimed tensor is an error. */
+typedef struct binder {
+    const gguf_file *f;
+    blade_model *m;
+    bool *claimed; /* per tensor of f */
+    blade_error *err;
+} binder;
+
 /* Binds a weight by name and checks its shape. n_out == 0 marks a vector. */
-static int bind(const gguf_file *f, blade_weight *w, bool required, int64_t n_in, int64_t n_out,
-                blade_model *m, blade_error *err, const char *fmt, int layer)
+static int bind(binder *b, blade_weight *w, bool required, int64_t n_in, int64_t n_out, const char *fmt, int layer)
 {
+    blade_error *err = b->err;
     char name[128];
     snprintf(name, sizeof name, fmt, layer);
-    const gguf_tensor *t = gguf_find_tensor(f, name);
+    const gguf_tensor *t = gguf_find_tensor(b->f, name);
     memset(w, 0, sizeof *w);
     if (!t)
         return required ? blade_error_set(err, "missing tensor %s", name) : 0;
+    b->claimed[t - b->f->tensors] = true;
     int64_t want_out = n_out ? n_out : 1;
     uint32_t want_dims = n_out ? 2 : 1;
     if (t->n_dims > want_dims || t->ne[0] != n_in || t->ne[1] != want_out || t->ne[2] != 1 || t->ne[3] != 1)
@@ -163,7 +191,7 @@ static int bind(const gguf_file *f, blade_weight *w, bool required, int64_t n_in
      * rows in place, so such data is refused rather than read misaligned. */
     if ((uintptr_t)t->data % 4 != 0)
         return blade_error_set(err, "tensor %s data is not 4-byte aligned (general.alignment %u)", name,
-                               f->alignment);
+                               b->f->alignment);
     if (!blade_type_supported(t->type)) {
         const blade_type_traits *tr = blade_type_traits_get(t->type);
         return blade_error_set(err, "tensor %s has type %s, which blade cannot compute with yet", name,
@@ -173,8 +201,52 @@ static int bind(const gguf_file *f, blade_weight *w, bool required, int64_t n_in
     w->type = t->type;
     w->n_in = n_in;
     w->n_out = want_out;
-    m->n_params += t->n_elements;
-    m->weight_bytes += t->nbytes;
+    b->m->n_params += t->n_elements;
+    b->m->weight_bytes += t->nbytes;
+    return 0;
+}
+
+/* The layer a "blk.N.*" name is for, or -1 for any other name. */
+static long layer_of(const char *name)
+{
+    if (strncmp(name, "blk.", 4) != 0)
+        return -1;
+    long n = 0;
+    const char *p = name + 4;
+    for (; *p >= '0' && *p <= '9' && n <= MAX_LAYERS; p++)
+        n = n * 10 + (*p - '0');
+    return p > name + 4 && *p == '.' ? n : -1;
+}
+
+/* The first tensor (in file order) nothing bound: a layer beyond block_count means the
+ * metadata describes fewer layers than the file holds, which would run a truncated model. */
+static int refuse_unclaimed(const binder *b)
+{
+    const blade_hparams *hp = &b->m->hp;
+    for (uint64_t i = 0; i < b->f->n_tensors; i++) {
+        if (b->claimed[i])
+            continue;
+        const char *name = b->f->tensors[i].name;
+        long layer = layer_of(name);
+        if (layer >= hp->n_layer)
+            return blade_error_set(b->err,
+                                   "unexpected tensor %s: it is for layer %ld, but %s.block_count is %d (layers 0..%d); "
+                                   "the metadata does not describe the tensors the file holds",
+                                   name, layer, hp->arch_name, hp->n_layer, hp->n_layer - 1);
+        return blade_error_set(b->err, "unexpected tensor %s: the %s architecture has no such tensor", name,
+                               hp->arch_name);
+    }
+    return 0;
+}
+
+/* The factors divide rotation frequencies: each must be a positive, finite number. */
+static int check_rope_freqs(const blade_weight *w, blade_error *err)
+{
+    const float *f = w->data;
+    for (int64_t i = 0; f && i < w->n_in; i++)
+        if (!(f[i] > 0.0f && isfinite(f[i])))
+            return blade_error_set(err, "rope_freqs.weight[%lld] = %g is not a positive finite factor", (long long)i,
+                                   (double)f[i]);
     return 0;
 }
 
@@ -184,11 +256,16 @@ static int bind_weights(blade_model *m, blade_error *err)
     const blade_hparams *hp = &m->hp;
     int64_t d = hp->n_embd, q_dim = (int64_t)hp->n_head * hp->head_dim,
             kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
-
-    if (bind(f, &m->tok_embd, true, d, hp->n_vocab, m, err, "token_embd.weight", 0) ||
-        bind(f, &m->output_norm, true, d, 0, m, err, "output_norm.weight", 0) ||
-        bind(f, &m->output, false, d, hp->n_vocab, m, err, "output.weight", 0))
-        return -1;
+    binder b = {f, m, calloc(f->n_tensors ? f->n_tensors : 1, sizeof(bool)), err};
+    if (!b.claimed)
+        return blade_error_set(err, "out of memory");
+    int rc = -1;
+    if (bind(&b, &m->tok_embd, true, d, hp->n_vocab, "token_embd.weight", 0) ||
+        bind(&b, &m->output_norm, true, d, 0, "output_norm.weight", 0) ||
+        bind(&b, &m->output, false, d, hp->n_vocab, "output.weight", 0) ||
+        bind(&b, &m->rope_freqs, false, hp->n_rot / 2, 0, "rope_freqs.weight", 0) ||
+        check_rope_freqs(&m->rope_freqs, err))
+        goto out;
     m->hp.tied_embeddings = m->output.data == NULL;
     if (m->hp.tied_embeddings)
         m->output = m->tok_embd;
@@ -197,23 +274,26 @@ static int bind_weights(blade_model *m, blade_error *err)
     bool qk_norm = hp->arch == BLADE_ARCH_QWEN3;
     for (int i = 0; i < hp->n_layer; i++) {
         blade_layer *l = &m->layers[i];
-        if (bind(f, &l->attn_norm, true, d, 0, m, err, "blk.%d.attn_norm.weight", i) ||
-            bind(f, &l->wq, true, d, q_dim, m, err, "blk.%d.attn_q.weight", i) ||
-            bind(f, &l->wk, true, d, kv_dim, m, err, "blk.%d.attn_k.weight", i) ||
-            bind(f, &l->wv, true, d, kv_dim, m, err, "blk.%d.attn_v.weight", i) ||
-            bind(f, &l->wo, true, q_dim, d, m, err, "blk.%d.attn_output.weight", i) ||
-            bind(f, &l->bq, bias, q_dim, 0, m, err, "blk.%d.attn_q.bias", i) ||
-            bind(f, &l->bk, bias, kv_dim, 0, m, err, "blk.%d.attn_k.bias", i) ||
-            bind(f, &l->bv, bias, kv_dim, 0, m, err, "blk.%d.attn_v.bias", i) ||
-            bind(f, &l->q_norm, qk_norm, hp->head_dim, 0, m, err, "blk.%d.attn_q_norm.weight", i) ||
-            bind(f, &l->k_norm, qk_norm, hp->head_dim, 0, m, err, "blk.%d.attn_k_norm.weight", i) ||
-            bind(f, &l->ffn_norm, true, d, 0, m, err, "blk.%d.ffn_norm.weight", i) ||
-            bind(f, &l->ffn_gate, true, d, hp->n_ff, m, err, "blk.%d.ffn_gate.weight", i) ||
-            bind(f, &l->ffn_up, true, d, hp->n_ff, m, err, "blk.%d.ffn_up.weight", i) ||
-            bind(f, &l->ffn_down, true, hp->n_ff, d, m, err, "blk.%d.ffn_down.weight", i))
-            return -1;
+        if (bind(&b, &l->attn_norm, true, d, 0, "blk.%d.attn_norm.weight", i) ||
+            bind(&b, &l->wq, true, d, q_dim, "blk.%d.attn_q.weight", i) ||
+            bind(&b, &l->wk, true, d, kv_dim, "blk.%d.attn_k.weight", i) ||
+            bind(&b, &l->wv, true, d, kv_dim, "blk.%d.attn_v.weight", i) ||
+            bind(&b, &l->wo, true, q_dim, d, "blk.%d.attn_output.weight", i) ||
+            bind(&b, &l->bq, bias, q_dim, 0, "blk.%d.attn_q.bias", i) ||
+            bind(&b, &l->bk, bias, kv_dim, 0, "blk.%d.attn_k.bias", i) ||
+            bind(&b, &l->bv, bias, kv_dim, 0, "blk.%d.attn_v.bias", i) ||
+            bind(&b, &l->q_norm, qk_norm, hp->head_dim, 0, "blk.%d.attn_q_norm.weight", i) ||
+            bind(&b, &l->k_norm, qk_norm, hp->head_dim, 0, "blk.%d.attn_k_norm.weight", i) ||
+            bind(&b, &l->ffn_norm, true, d, 0, "blk.%d.ffn_norm.weight", i) ||
+            bind(&b, &l->ffn_gate, true, d, hp->n_ff, "blk.%d.ffn_gate.weight", i) ||
+            bind(&b, &l->ffn_up, true, d, hp->n_ff, "blk.%d.ffn_up.weight", i) ||
+            bind(&b, &l->ffn_down, true, hp->n_ff, d, "blk.%d.ffn_down.weight", i))
+            goto out;
     }
-    return 0;
+    rc = refuse_unclaimed(&b);
+out:
+    free(b.claimed);
+    return rc;
 }
 
 /* Q4_0/Q8_0/Q4_K/Q6_K projections are rearranged in place into the kernels' 16-row layout

@@ -1,5 +1,10 @@
+/* `blade serve`'s HTTP server (see server.h): the access handler of libmicrohttpd, the
+ * OpenAI endpoints, streaming, and the lifecycle; connections come through the gate. */
 #include "server/server.h"
 
+#include "api/api.h"
+#include "server/gate.h"
+#include "server/http_head.h"
 #include "server/metrics.h"
 
 #include <errno.h>
@@ -28,6 +33,8 @@ typedef struct conn {
     const char *model_id; /* R_MODEL */
     double t_start;
     int status;           /* what was queued; 0 while nothing was */
+    gate_conn *gc;        /* the connection's record at the gate (NULL: not the gate's) */
+    bool close;           /* answer with Connection: close */
     api_buf body;
     size_t received;      /* body bytes read, kept or not */
     api_sink sink;
@@ -47,6 +54,7 @@ typedef struct conn {
 struct server {
     server_config cfg;
     struct MHD_Daemon *d;
+    gate *gate;
     int port;
     bool has_key;
     unsigned char key_hash[32];
@@ -82,6 +90,8 @@ static enum MHD_Result respond(conn *c, int status, const char *ctype, char *bod
     MHD_add_response_header(r, "Content-Type", ctype);
     if (hname)
         MHD_add_response_header(r, hname, hvalue);
+    if (c->close)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(c->mc, (unsigned int)status, r);
     MHD_destroy_response(r);
     if (ret == MHD_YES)
@@ -170,10 +180,26 @@ static const char *state_message(enum state st)
                            : "the server is shutting down and takes no new requests";
 }
 
-static enum MHD_Result first_call(conn *c, const char *url, const char *method)
+static enum MHD_Result framing_field(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    http_framing_field(cls, key, strlen(key), value ? value : "", value ? strlen(value) : 0);
+    return MHD_YES;
+}
+
+/* The gate checked the first request of the connection byte by byte; later ones on a
+ * keep-alive connection are checked here, from the fields libmicrohttpd parsed, before any
+ * of the body is read. An answer given now, before the body, closes the connection, so a
+ * body that is not read can never be taken for the next request. */
+static enum MHD_Result first_call(conn *c, const char *url, const char *method, const char *version)
 {
     server *s = c->s;
     api_error err;
+    http_framing f = {0};
+    MHD_get_connection_values(c->mc, MHD_HEADER_KIND, framing_field, &f);
+    c->close = (f.n_length && f.length) || f.n_te;
+    if (http_framing_check(&f, strcmp(version, MHD_HTTP_VERSION_1_0) ? 1 : 0, &err))
+        return respond_error(c, &err);
     c->route = find_route(url, &c->model_id);
     if (c->route == R_NONE) {
         api_error_set(&err, 404, "invalid_request_error", "unknown_url", NULL,
@@ -200,19 +226,11 @@ static enum MHD_Result first_call(conn *c, const char *url, const char *method)
         api_error_set(&err, 503, "server_error", "unavailable", NULL, "%s", state_message(st));
         return respond_error(c, &err);
     }
-    if (post) {
-        const char *cl = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl) {
-            char *end;
-            errno = 0;
-            unsigned long long n = strtoull(cl, &end, 10);
-            if (errno || end == cl || n > s->cfg.max_body) {
-                api_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
-                              "The request body is %.40s bytes; the limit is %zu bytes (--max-body)", cl,
-                              s->cfg.max_body);
-                return respond_error(c, &err);
-            }
-        }
+    if (post && f.n_length && f.length > s->cfg.max_body) {
+        api_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
+                      "The request body is %llu bytes; the limit is %zu bytes (--max-body)",
+                      (unsigned long long)f.length, s->cfg.max_body);
+        return respond_error(c, &err);
     }
     return MHD_YES;
 }
@@ -500,25 +518,35 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
 {
     server *s = cls;
     conn *c = *con_cls;
-    (void)version;
     if (!c) {
-        if (!(c = calloc(1, sizeof *c)))
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        gate_conn *gc = ci ? ci->socket_context : NULL;
+        /* the watchdog already answered 408: nothing more may be written */
+        if (!gate_request_head(s->gate, gc) || !(c = calloc(1, sizeof *c)))
             return MHD_NO;
         c->s = s;
         c->mc = mc;
+        c->gc = gc;
         c->t_start = now();
         c->fd = -1;
         c->sink.fd = -1;
         atomic_init(&c->kick, 0);
         *con_cls = c;
         metrics_in_flight(&s->m, 1);
-        return first_call(c, url, method);
+        /* the body has its own deadlines at the gate, which answer 408 where libmicrohttpd's
+         * idle timeout would close without a word */
+        MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+        enum MHD_Result r = first_call(c, url, method, version);
+        if (c->status)
+            gate_request_body(s->gate, gc);
+        return r;
     }
     if (c->status) {
         *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size) {
+        gate_request_progress(s->gate, c->gc);
         c->received += *upload_size;
         if (c->received > s->cfg.max_body) {
             /* libmicrohttpd cannot answer in the middle of an upload: the rest is read and
@@ -541,6 +569,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         }
         return MHD_YES;
     }
+    if (!gate_request_body(s->gate, c->gc))
+        return MHD_NO;
+    idle_again(c);
+    c->close = gate_conn_reserved(c->gc);
     if (c->received > s->cfg.max_body) {
         api_error err;
         api_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
@@ -563,8 +595,10 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     end_job(c);
     if (c->admitted)
         leave(c);
+    bool cut = gate_request_done(s->gate, c->gc);
     bool gone = c->disconnected || (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !c->out_end && c->status == 200);
-    metrics_count_status(&s->m, gone || !c->status ? 499 : c->status);
+    if (!cut)
+        metrics_count_status(&s->m, gone || !c->status ? 499 : c->status);
     metrics_in_flight(&s->m, -1);
     api_buf_free(&c->body);
     api_buf_free(&c->out);
@@ -573,9 +607,36 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     *con_cls = NULL;
 }
 
+/* ---- connections, through the gate ---- */
+
+static bool hand_off(void *ctx, int fd, const struct sockaddr *sa, socklen_t len)
+{
+    server *s = ctx;
+    return MHD_add_connection(s->d, fd, sa, len) == MHD_YES;
+}
+
+static void gate_answered(void *ctx, int status)
+{
+    server *s = ctx;
+    metrics_count_status(&s->m, status);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = ci ? gate_conn_started(s->gate, ci->connect_fd) : NULL;
+    } else {
+        gate_conn_closed(s->gate, *socket_context);
+        *socket_context = NULL;
+    }
+}
+
 /* ---- lifecycle ---- */
 
-static int listen_on(const char *host, int port, bool *v6, int *bound_port, blade_error *err)
+static int listen_on(const char *host, int port, int *bound_port, blade_error *err)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
@@ -595,7 +656,6 @@ static int listen_on(const char *host, int port, bool *v6, int *bound_port, blad
         freeaddrinfo(res);
         return -1;
     }
-    *v6 = res->ai_family == AF_INET6;
     freeaddrinfo(res);
     struct sockaddr_storage sa;
     socklen_t len = sizeof sa;
@@ -618,22 +678,34 @@ server *server_start(const server_config *cfg, blade_error *err)
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     metrics_init(&s->m);
-    bool v6 = false;
-    int fd = listen_on(cfg->host, cfg->port, &v6, &s->port, err);
+    int fd = listen_on(cfg->host, cfg->port, &s->port, err);
     if (fd < 0) {
         server_stop(s);
         return NULL;
     }
-    unsigned int flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
-    if (v6)
-        flags |= MHD_USE_IPv6;
-    s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_LISTEN_SOCKET, fd,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
-                            (unsigned int)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned int)cfg->idle_timeout, MHD_OPTION_END);
+    /* libmicrohttpd gets only the connections the gate hands it. Its own limit is a backstop
+     * above the gate's (which keeps the count), with room for the probe slots and for the
+     * moment between a close and libmicrohttpd's bookkeeping of it. Its pool must hold the
+     * largest head the gate lets through. */
+    unsigned int flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                         MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
+    s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned int)cfg->max_connections + GATE_PROBE_SLOTS + 64,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536, MHD_OPTION_STRICT_FOR_CLIENT, 1,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)cfg->idle_timeout, MHD_OPTION_END);
     if (!s->d) {
         close(fd);
         blade_error_set(err, "cannot start the HTTP server on %s port %d", cfg->host, s->port);
+        server_stop(s);
+        return NULL;
+    }
+    gate_config gc = {.max_connections = cfg->max_connections, .max_per_ip = cfg->max_connections_per_ip,
+                      .cap_loopback = cfg->limit_loopback, .header_timeout = cfg->header_timeout,
+                      .body_timeout = cfg->body_timeout, .idle_timeout = cfg->idle_timeout,
+                      .max_body = cfg->max_body};
+    gate_hooks hooks = {.ctx = s, .hand_off = hand_off, .answered = gate_answered};
+    if (!(s->gate = gate_new(fd, &gc, &hooks, err)) || gate_run(s->gate, err)) {
         server_stop(s);
         return NULL;
     }
@@ -689,8 +761,10 @@ void server_stop(server *s)
 {
     if (!s)
         return;
+    gate_stop(s->gate);
     if (s->d)
         MHD_stop_daemon(s->d);
+    gate_free(s->gate);
     metrics_destroy(&s->m);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);

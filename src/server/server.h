@@ -7,9 +7,13 @@
  *
  * A connection's thread waits on its job's event queue and on its own socket at once, so
  * a client that goes away is noticed while its request is still generating and the
- * request is aborted at once (its KV blocks return to the pool within one engine step). */
+ * request is aborted at once (its KV blocks return to the pool within one engine step).
+ *
+ * Connections reach libmicrohttpd through the gate (gate.h), which holds each one until its
+ * first request head is complete and strictly valid, caps connections per client address and
+ * enforces the head and body deadlines. */
 
-#include "api/api.h"
+#include "api/model.h"
 #include "blade/error.h"
 
 #include <stddef.h>
@@ -24,7 +28,12 @@ typedef struct server_config {
     double drain_timeout;  /* seconds in-flight requests get to finish on shutdown */
     int max_connections;   /* open connections, idle keep-alive ones included */
     int idle_timeout;      /* seconds a connection may sit without traffic (idle keep-alive,
-                            * stalled upload, unread response) before it is closed */
+                            * unread response) before it is closed; a stalled upload gets 408 */
+    int max_connections_per_ip; /* per client address (IPv6: per /64); 0: no cap */
+    bool limit_loopback;   /* apply max_connections_per_ip to loopback clients too */
+    double header_timeout; /* seconds from connect (or the previous answer plus idle_timeout)
+                            * to a complete request head; no byte extends it */
+    double body_timeout;   /* seconds from a complete head to a complete body */
 } server_config;
 
 typedef struct server server;

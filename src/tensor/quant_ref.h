@@ -1,10 +1,11 @@
 #ifndef BLADE_TENSOR_QUANT_REF_H
 #define BLADE_TENSOR_QUANT_REF_H
 
-/* ggml block layouts and the scalar reference conversions for the types blade computes
- * with. The structs mirror the on-disk bytes exactly (little-endian fp16 fields, no
- * padding), so optimized kernels can share them; the reference code copies each block
- * out with memcpy, which keeps it correct for buffers of any alignment. */
+/* ggml block layouts, the scalar dequantizers of the types blade computes with, and the
+ * plain float conversions (the block quantizers are in quantize/quant_blocks.h). The
+ * structs mirror the on-disk bytes exactly (little-endian fp16 fields, no padding), so
+ * optimized kernels can share them; the reference code copies each block out with memcpy,
+ * which keeps it correct for buffers of any alignment. */
 
 #include <stdint.h>
 
@@ -80,14 +81,9 @@ void blade_f16_from_float(const float *src, void *dst, int64_t n);
 void blade_bf16_to_float(const void *src, float *dst, int64_t n);
 void blade_bf16_from_float(const float *src, void *dst, int64_t n);
 void blade_q8_0_to_float(const void *src, float *dst, int64_t n);
-void blade_q8_0_from_float(const float *src, void *dst, int64_t n);
 void blade_q4_0_to_float(const void *src, float *dst, int64_t n);
-void blade_q4_0_from_float(const float *src, void *dst, int64_t n);
 void blade_q4_k_to_float(const void *src, float *dst, int64_t n);
-void blade_q4_k_from_float(const float *src, void *dst, int64_t n);
 void blade_q5_k_to_float(const void *src, float *dst, int64_t n);
-void blade_q5_k_from_float(const float *src, void *dst, int64_t n);
 void blade_q6_k_to_float(const void *src, float *dst, int64_t n);
-void blade_q6_k_from_float(const float *src, void *dst, int64_t n);
 
 #endif

@@ -1,0 +1,304 @@
+/* `blade quantize`: converts a GGUF model's weights to a smaller type, with a progress bar
+ * and a summary of what each tensor became. */
+
+#include "blade/gguf.h"
+#include "blade/imatrix.h"
+#include "blade/quantize.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_KEEPS 64
+
+static void quantize_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: blade quantize IN.gguf OUT.gguf --type TYPE [options]\n\n"
+            "Converts the weight matrices of a GGUF model (F32, F16 or BF16; an already quantized\n"
+            "model is converted too, with a warning) to TYPE. Norms and other 1-D tensors become\n"
+            "F32; a matrix whose rows are not whole blocks of its type falls back to the nearest\n"
+            "type that fits, and the summary names it. Every metadata key is carried over. OUT is\n"
+            "written beside its final name and renamed once complete: an interrupted run leaves\n"
+            "no partial OUT.\n\n"
+            "  --type TYPE        %s\n"
+            "                     (_M mixes: the classifier, and attn_v / ffn_down in the first and\n"
+            "                     last eighth of the layers and every third layer between, in Q6_K)\n"
+            "  --keep GLOB=TYPE   matrices whose name matches the shell pattern GLOB get TYPE\n"
+            "                     (repeatable; the first match wins), e.g. 'output.weight=Q8_0'\n"
+            "  -t, --threads N    threads (default: every core)\n"
+            "  --no-refine        the reference scale search alone: K-quant bytes as llama.cpp's\n"
+            "                     quantizer writes them, faster, with higher error\n"
+            "  --imatrix FILE     weight each column's rounding error by its importance, from\n"
+            "                     `blade imatrix` run on this model (refused for another model;\n"
+            "                     matrices it lacks keep the default weighting, with a warning)\n"
+            "  -h, --help         this help\n",
+            blade_quant_scheme_names());
+}
+
+static void print_mib(FILE *out, uint64_t bytes)
+{
+    if (bytes >= (1ull << 30))
+        fprintf(out, "%.2f GiB", (double)bytes / (double)(1ull << 30));
+    else
+        fprintf(out, "%.2f MiB", (double)bytes / (double)(1ull << 20));
+}
+
+static void print_type_counts(FILE *out, const uint64_t *counts)
+{
+    bool first = true;
+    for (uint32_t t = 0; t < BLADE_TYPE_COUNT; t++) {
+        if (!counts[t])
+            continue;
+        fprintf(out, "%s%s x %llu", first ? "" : ", ", blade_type_traits_get(t)->name, (unsigned long long)counts[t]);
+        first = false;
+    }
+}
+
+static void print_warnings(const char *in, const blade_quantize_report *r)
+{
+    if (r->n_requantized) {
+        uint64_t counts[BLADE_TYPE_COUNT] = {0};
+        for (size_t i = 0; i < r->n_tensors; i++)
+            if (r->tensors[i].requantized)
+                counts[r->tensors[i].src_type]++;
+        fprintf(stderr, "warning: re-quantizing: %s already holds quantized weights (", in);
+        print_type_counts(stderr, counts);
+        fprintf(stderr, "); their rounding error adds to the new type's. Quantize from the F32, F16 or BF16 "
+                        "original when there is one.\n");
+    }
+    for (size_t k = 0; k < r->n_unmatched_keeps; k++)
+        fprintf(stderr, "warning: --keep '%s' matches no weight matrix\n", r->unmatched_keeps[k]);
+    for (size_t k = 0; k < r->n_shadowed_keeps; k++)
+        fprintf(stderr, "warning: --keep '%s' only matches matrices an earlier --keep takes (the first match wins)\n",
+                r->shadowed_keeps[k]);
+}
+
+#define FALLBACK_NAMES_SHOWN 3
+
+/* One line per kind of fallback (row length, wanted type, type written), naming the first
+ * few tensors: a model has the same shapes in every layer. */
+static void print_fallbacks(const blade_quantize_report *r)
+{
+    bool *shown = calloc(r->n_tensors ? r->n_tensors : 1, sizeof *shown);
+    if (!shown)
+        return;
+    for (size_t i = 0; i < r->n_tensors; i++) {
+        const blade_quant_tensor_plan *t = &r->tensors[i];
+        if (t->type == t->wanted || shown[i])
+            continue;
+        const blade_type_traits *wanted = blade_type_traits_get(t->wanted);
+        size_t count = 0;
+        for (size_t j = i; j < r->n_tensors; j++) {
+            const blade_quant_tensor_plan *u = &r->tensors[j];
+            if (u->type != u->wanted && u->row_len == t->row_len && u->wanted == t->wanted && u->type == t->type)
+                count++;
+        }
+        printf("  fallback    %zu matri%s with rows of %lld values, not whole %s blocks of %lld, written as %s: ", count,
+               count == 1 ? "x" : "ces", (long long)t->row_len, wanted->name, (long long)wanted->block_size,
+               blade_type_traits_get(t->type)->name);
+        size_t named = 0;
+        for (size_t j = i; j < r->n_tensors; j++) {
+            const blade_quant_tensor_plan *u = &r->tensors[j];
+            if (u->type == u->wanted || u->row_len != t->row_len || u->wanted != t->wanted || u->type != t->type)
+                continue;
+            shown[j] = true;
+            if (named < FALLBACK_NAMES_SHOWN)
+                printf("%s%s", named ? ", " : "", u->name);
+            named++;
+        }
+        printf("%s\n", named > FALLBACK_NAMES_SHOWN ? ", ..." : "");
+    }
+    free(shown);
+}
+
+/* Matrices quantized to a block type that multiply activations, and so can have importance.
+ * The token embedding of a model with its own classifier is read a row at a time, never
+ * multiplied, so no importance matrix has (or needs) an entry for it. */
+static bool importance_applies(const blade_quantize_report *r, const blade_quant_tensor_plan *t)
+{
+    if (!t->convert || blade_type_traits_get(t->type)->block_size == 1)
+        return false;
+    if (strcmp(t->name, "token_embd.weight") != 0)
+        return true;
+    for (size_t i = 0; i < r->n_tensors; i++)
+        if (!strcmp(r->tensors[i].name, "output.weight"))
+            return false;
+    return true;
+}
+
+static void warn_missing_importance(const blade_imatrix *imx, const char *imatrix_path, const blade_quantize_report *r)
+{
+    size_t missing = 0;
+    for (size_t i = 0; i < r->n_tensors; i++) {
+        const blade_quant_tensor_plan *t = &r->tensors[i];
+        if (!importance_applies(r, t) || blade_imatrix_find(imx, t->name))
+            continue;
+        if (missing++ == 0)
+            fprintf(stderr, "warning: %s has no importance for", imatrix_path);
+        if (missing <= FALLBACK_NAMES_SHOWN)
+            fprintf(stderr, " %s", t->name);
+    }
+    if (missing > FALLBACK_NAMES_SHOWN)
+        fprintf(stderr, " and %zu more", missing - FALLBACK_NAMES_SHOWN);
+    if (missing)
+        fprintf(stderr, ": %s quantized with the default weighting\n", missing == 1 ? "it is" : "they are");
+}
+
+static void print_summary(const char *in, const char *out, const char *scheme, const blade_quantize_report *r,
+                          const char *imatrix_path, const blade_imatrix *imx)
+{
+    printf("quantized %s -> %s (%s)\n", in, out, scheme);
+    printf("  tensors     %zu: ", r->n_tensors);
+    print_type_counts(stdout, r->count_by_type);
+    printf("\n");
+    print_fallbacks(r);
+    if (imx) {
+        size_t with = 0, applies = 0;
+        for (size_t i = 0; i < r->n_tensors; i++) {
+            with += r->tensors[i].importance;
+            applies += importance_applies(r, &r->tensors[i]);
+        }
+        printf("  importance  %zu of %zu quantized matrices weighted by %s (%u chunk%s of %u tokens of %s)\n", with,
+               applies, imatrix_path, imx->chunks, imx->chunks == 1 ? "" : "s", imx->chunk_size, imx->dataset);
+    }
+    printf("  size        ");
+    print_mib(stdout, r->file_bytes_in);
+    printf(" -> ");
+    print_mib(stdout, r->file_bytes_out);
+    double ratio = r->file_bytes_out ? (double)r->file_bytes_in / (double)r->file_bytes_out : 0.0;
+    if (ratio >= 1.0)
+        printf(" (%.2fx smaller)\n", ratio);
+    else
+        printf(" (%.2fx larger)\n", ratio > 0 ? 1.0 / ratio : 0.0);
+    double n = r->n_elements > 0 ? (double)r->n_elements : 1.0;
+    printf("  bits/weight %.2f -> %.2f\n", 8.0 * (double)r->bytes_in / n, 8.0 * (double)r->bytes_out / n);
+    printf("  time        %.2f s on %d thread%s, %.1f MB/s of input\n", r->seconds, r->n_threads,
+           r->n_threads == 1 ? "" : "s", r->seconds > 0 ? (double)r->bytes_in / r->seconds / 1e6 : 0.0);
+}
+
+/* The importance matrix at path, checked against the model it is to quantize. */
+static blade_imatrix *load_imatrix(const char *path, const char *model_path, blade_error *err)
+{
+    blade_imatrix *imx = blade_imatrix_load(path, err);
+    if (!imx)
+        return NULL;
+    gguf_file *model = gguf_open_mapped(model_path, err);
+    if (!model || blade_imatrix_check_model(imx, model, model_path, err) != 0) {
+        if (model)
+            blade_error_prefix(err, "%s", path);
+        gguf_close(model);
+        blade_imatrix_free(imx);
+        return NULL;
+    }
+    gguf_close(model);
+    return imx;
+}
+
+int cmd_quantize(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"type", required_argument, 0, 'T'},    {"keep", required_argument, 0, 'k'},
+        {"threads", required_argument, 0, 't'}, {"no-refine", no_argument, 0, 'R'},
+        {"imatrix", required_argument, 0, 'I'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    blade_quant_keep keeps[MAX_KEEPS];
+    size_t n_keeps = 0;
+    const char *type = NULL, *imatrix_path = NULL;
+    blade_imatrix *imx = NULL;
+    long long threads = 0;
+    bool no_refine = false;
+    int rc = 2, c;
+    blade_error err = {{0}};
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "t:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'T': type = optarg; break;
+        case 'k':
+            if (n_keeps == MAX_KEEPS) {
+                fprintf(stderr, "error: more than %d --keep options\n", MAX_KEEPS);
+                goto done;
+            }
+            if (blade_quant_keep_parse(optarg, &keeps[n_keeps], &err) != 0) {
+                fprintf(stderr, "error: %s\n", err.msg);
+                goto done;
+            }
+            n_keeps++;
+            break;
+        case 't':
+            if (!cli_parse_int("--threads", optarg, 1, 1024, &threads))
+                goto done;
+            break;
+        case 'R': no_refine = true; break;
+        case 'I': imatrix_path = optarg; break;
+        case 'h':
+            quantize_usage(stdout);
+            rc = 0;
+            goto done;
+        default: quantize_usage(stderr); goto done;
+        }
+    }
+    if (argc - optind != 2 || !type) {
+        if (argc - optind != 2)
+            fprintf(stderr, "error: expected IN.gguf and OUT.gguf, got %d file name%s\n", argc - optind,
+                    argc - optind == 1 ? "" : "s");
+        else
+            fprintf(stderr, "error: --type is required\n");
+        quantize_usage(stderr);
+        goto done;
+    }
+    const blade_quant_scheme *scheme = blade_quant_scheme_find(type);
+    if (!scheme) {
+        fprintf(stderr, "error: unknown --type '%s' (blade quantize writes %s)\n", type, blade_quant_scheme_names());
+        goto done;
+    }
+    const char *in = argv[optind], *out = argv[optind + 1];
+    blade_quantize_params params = {
+        .scheme = scheme, .keep = keeps, .n_keep = n_keeps, .n_threads = (int)threads, .no_refine = no_refine,
+        .progress = isatty(STDERR_FILENO), .cancel = &cli_interrupted,
+    };
+    rc = 1;
+    if (imatrix_path) {
+        if (!(imx = load_imatrix(imatrix_path, in, &err))) {
+            fprintf(stderr, "error: %s\n", err.msg);
+            goto done;
+        }
+        params.importance = blade_imatrix_importance;
+        params.importance_ctx = imx;
+        params.imatrix_file = imatrix_path;
+        params.imatrix_dataset = imx->dataset;
+        params.imatrix_chunks = imx->chunks > INT32_MAX ? INT32_MAX : (int32_t)imx->chunks;
+        params.imatrix_entries = (int32_t)imx->n_entries;
+    }
+    blade_quantize_job *job = blade_quantize_prepare(in, &params, &err);
+    if (!job) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto done;
+    }
+    print_warnings(in, blade_quantize_job_report(job));
+    if (imx)
+        warn_missing_importance(imx, imatrix_path, blade_quantize_job_report(job));
+
+    cli_signals signals;
+    cli_interrupts_catch(&signals);
+    int wrc = blade_quantize_write(job, out, &err);
+    cli_interrupts_restore(&signals);
+    if (wrc != 0) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        rc = cli_interrupted ? 130 : 1;
+    } else {
+        print_summary(in, out, scheme->name, blade_quantize_job_report(job), imatrix_path, imx);
+        rc = 0;
+    }
+    blade_quantize_job_free(job);
+done:
+    blade_imatrix_free(imx);
+    for (size_t k = 0; k < n_keeps; k++)
+        blade_quant_keep_free(&keeps[k]);
+    return rc;
+}
