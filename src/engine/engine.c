@@ -5,7 +5,10 @@
 
 #include "engine/engine_internal.h"
 
+#include "blade/gguf.h"
+
 #include <openssl/evp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +31,27 @@ static void model_identity(const blade_model *m, uint8_t out[BLADE_HASH_BYTES])
     unsigned int len = 0;
     memset(out, 0, BLADE_HASH_BYTES);
     EVP_Digest(m->file->map, m->file->data_offset, out, &len, EVP_sha256(), NULL);
+}
+
+const char *blade_pooling_name(blade_pooling p)
+{
+    static const char *const names[] = {"none", "model", "mean", "last"};
+    return p >= BLADE_POOL_NONE && p <= BLADE_POOL_LAST ? names[p] : "?";
+}
+
+/* The GGUF key {arch}.pooling_type (llama.cpp's numbering: 1 mean, 2 cls, 3 last). cls
+ * pools the first token, which a causal model computes from that token alone, so it means
+ * nothing here: such a file, like one without the key, is pooled by the mean. */
+static blade_pooling model_pooling(const blade_model *m)
+{
+    char key[96];
+    snprintf(key, sizeof key, "%s.pooling_type", blade_arch_name(m->hp.arch));
+    uint32_t type = 0;
+    bool present = false;
+    blade_error err = {{0}};
+    if (!gguf_get_u32(m->file, key, &type, &present, &err) || !present)
+        return BLADE_POOL_MEAN;
+    return type == 3 ? BLADE_POOL_LAST : BLADE_POOL_MEAN;
 }
 
 blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *cfg, blade_error *err)
@@ -63,6 +87,8 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
         runner_tokens = e->max_context;
     if (cfg->sched.max_seqs > runner_tokens)
         runner_tokens = cfg->sched.max_seqs;
+    e->runner_tokens = runner_tokens;
+    e->pooling = model_pooling(m);
     e->vocab.tok = m->tokenizer;
     e->vocab.n_vocab = m->hp.n_vocab;
     e->vocab.piece_cap = blade_tokenizer_max_token_bytes(m->tokenizer) + 16;
@@ -179,6 +205,7 @@ void blade_engine_free(blade_engine *e, bool drain)
     free(e->live_kv);
     free(e->batch);
     free(e->logits);
+    free(e->hidden);
     free(e->vocab.logprobs);
     blade_runner_free(e->runner);
     blade_scheduler_free(e->sched);
@@ -208,4 +235,9 @@ int64_t blade_engine_kv_tokens(const blade_engine *e)
 int32_t blade_engine_max_context(const blade_engine *e)
 {
     return e->max_context;
+}
+
+blade_pooling blade_engine_pooling(const blade_engine *e)
+{
+    return e->pooling;
 }
