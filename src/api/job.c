@@ -22,7 +22,9 @@ static void on_event(const blade_token_event *ev)
     api_job *job = jp->job;
     int32_t index = jp->index * job->req.n + ev->choice;
     size_t el = ev->error ? strlen(ev->error) : 0;
-    api_event *e = malloc(sizeof *e + ev->text_len + el + 2);
+    /* the vector goes first in storage, where a float is aligned */
+    size_t vec = ev->embedding ? (size_t)ev->n_embedding * sizeof(float) : 0;
+    api_event *e = malloc(sizeof *e + vec + ev->text_len + el + 2);
     bool pre = false;
     if (!e) {
         atomic_store(&job->lost, true);
@@ -51,12 +53,18 @@ static void on_event(const blade_token_event *ev)
     e->t = blade_clock_seconds();
     e->text = e->storage;
     if (!pre) {
-        memcpy(e->storage, ev->text, ev->text_len);
-        e->storage[ev->text_len] = 0;
+        if (vec) {
+            e->embedding = (float *)(void *)e->storage;
+            memcpy(e->embedding, ev->embedding, vec);
+            e->n_embedding = ev->n_embedding;
+        }
+        e->text = e->storage + vec;
+        memcpy(e->text, ev->text, ev->text_len);
+        e->text[ev->text_len] = 0;
         e->text_len = ev->text_len;
         if (ev->error) {
-            memcpy(e->storage + ev->text_len + 1, ev->error, el + 1);
-            e->error = e->storage + ev->text_len + 1;
+            memcpy(e->text + ev->text_len + 1, ev->error, el + 1);
+            e->error = e->text + ev->text_len + 1;
         }
     }
     api_sink_push(job->sink, e);
@@ -84,6 +92,7 @@ static void job_destroy(api_job *job)
     for (int32_t i = 0; job->choices && i < job->n_choices; i++) {
         api_buf_free(&job->choices[i].text);
         json_decref(job->choices[i].logprobs);
+        free(job->choices[i].embedding);
         free(job->choices[i].spare);
     }
     free(job->choices);
@@ -111,9 +120,12 @@ api_job *api_job_submit(const api_model *am, api_request *req, api_sink *sink, d
     api_error_set(&job->lost_error, 500, "server_error", NULL, NULL,
                   "the server ran out of memory while generating; the output is incomplete");
     job->created = (long long)time(NULL);
-    random_id(job->id, sizeof job->id, job->req.ep == API_CHAT ? "chatcmpl-" : "cmpl-");
+    static const char *const id_prefix[] = {[API_COMPLETIONS] = "cmpl-", [API_CHAT] = "chatcmpl-",
+                                            [API_EMBEDDINGS] = "embd-"};
+    random_id(job->id, sizeof job->id, id_prefix[job->req.ep]);
     int32_t np = job->req.n_prompts;
     job->n_choices = np * job->req.n;
+    blade_engine *engine = job->req.ep == API_EMBEDDINGS ? am->embed_engine : am->engine;
     job->piece_cap = blade_tokenizer_max_token_bytes(am->model->tokenizer) + 16;
     job->prompts = calloc((size_t)np, sizeof *job->prompts);
     job->choices = calloc((size_t)job->n_choices, sizeof *job->choices);
@@ -140,21 +152,25 @@ api_job *api_job_submit(const api_model *am, api_request *req, api_sink *sink, d
         blade_request_default(&q);
         q.prompt_tokens = pr->tokens;
         q.n_prompt_tokens = pr->n_tokens;
-        q.sampling = job->req.sampling;
-        q.max_tokens = job->req.max_tokens;
-        q.stop = (const char *const *)job->req.stop;
-        q.n_stop = job->req.n_stop;
-        q.ignore_eos = job->req.ignore_eos;
-        q.logprobs = job->req.logprobs;
-        q.n = job->req.n;
         q.cls = job->req.cls;
         q.cache_salt = job->req.cache_salt;
+        if (job->req.ep == API_EMBEDDINGS) {
+            q.embed = am->pooling;
+        } else {
+            q.sampling = job->req.sampling;
+            q.max_tokens = job->req.max_tokens;
+            q.stop = (const char *const *)job->req.stop;
+            q.n_stop = job->req.n_stop;
+            q.ignore_eos = job->req.ignore_eos;
+            q.logprobs = job->req.logprobs;
+            q.n = job->req.n;
+        }
         q.callback = on_event;
         q.user = &job->prompts[p];
         job->prompts[p].job = job;
         job->prompts[p].index = p;
         blade_error berr = {{0}};
-        uint64_t id = blade_engine_submit(am->engine, &q, &berr);
+        uint64_t id = blade_engine_submit(engine, &q, &berr);
         if (!id) {
             bool shutting = strstr(berr.msg, "shutting down") != NULL;
             api_error e;
@@ -183,7 +199,8 @@ void api_job_abort(api_job *job, int status, const char *type, const char *messa
         api_error_set(&job->error, status, type, NULL, NULL, "%s", message);
     for (int32_t p = 0; p < job->req.n_prompts; p++)
         if (job->prompts[p].id)
-            blade_engine_abort(job->am->engine, job->prompts[p].id);
+            blade_engine_abort(job->req.ep == API_EMBEDDINGS ? job->am->embed_engine : job->am->engine,
+                               job->prompts[p].id);
 }
 
 void api_job_free(api_job *job)
@@ -272,6 +289,14 @@ void api_job_apply(api_job *job, const api_event *ev, api_buf *sse, api_timing *
         job_stream_event(job, sse, index, ev, lp);
     else
         api_buf_append(&c->text, ev->text, ev->text_len);
+    if (ev->embedding && !c->embedding) {
+        if ((c->embedding = malloc((size_t)ev->n_embedding * sizeof *c->embedding))) {
+            memcpy(c->embedding, ev->embedding, (size_t)ev->n_embedding * sizeof *c->embedding);
+            c->n_embedding = ev->n_embedding;
+        } else {
+            atomic_store(&job->lost, true);
+        }
+    }
     if (ev->finish == BLADE_FINISH_NONE)
         return;
 

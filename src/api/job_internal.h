@@ -26,6 +26,8 @@ typedef struct api_choice {
     blade_finish_reason finish;
     bool finished;
     double t_first, t_last;
+    float *embedding; /* an embedding request's result, n_embedding floats */
+    int32_t n_embedding;
     api_event *spare; /* the finish event, should memory run out on the engine thread */
 } api_choice;
 

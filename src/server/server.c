@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum route { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT };
+enum route { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_EMBEDDINGS };
 enum state { S_LOADING, S_READY, S_DRAINING };
 
 typedef struct conn {
@@ -136,6 +136,8 @@ static enum route find_route(const char *url, const char **model_id)
         return R_COMPLETIONS;
     if (!strcmp(url, "/v1/chat/completions"))
         return R_CHAT;
+    if (!strcmp(url, "/v1/embeddings"))
+        return R_EMBEDDINGS;
     return R_NONE;
 }
 
@@ -204,11 +206,11 @@ static enum MHD_Result first_call(conn *c, const char *url, const char *method, 
     if (c->route == R_NONE) {
         api_error_set(&err, 404, "invalid_request_error", "unknown_url", NULL,
                       "Unknown request URL: %.32s %.200s. This server answers POST /v1/completions, POST "
-                      "/v1/chat/completions, GET /v1/models, GET /health and GET /metrics",
+                      "/v1/chat/completions, POST /v1/embeddings, GET /v1/models, GET /health and GET /metrics",
                       method, url);
         return respond_error(c, &err);
     }
-    bool post = c->route == R_COMPLETIONS || c->route == R_CHAT;
+    bool post = c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_EMBEDDINGS;
     bool ok = post ? !strcmp(method, "POST") : (!strcmp(method, "GET") || !strcmp(method, "HEAD"));
     if (!ok) {
         api_error_set(&err, 405, "invalid_request_error", "method_not_allowed", NULL,
@@ -431,7 +433,7 @@ static enum MHD_Result serve_completion(conn *c)
     server *s = c->s;
     api_error err;
     api_request req;
-    api_endpoint ep = c->route == R_CHAT ? API_CHAT : API_COMPLETIONS;
+    api_endpoint ep = c->route == R_CHAT ? API_CHAT : c->route == R_EMBEDDINGS ? API_EMBEDDINGS : API_COMPLETIONS;
     int rc = api_parse_body(s->am, ep, c->body.data ? c->body.data : "", c->body.len, &req, &err);
     api_buf_free(&c->body);
     if (rc)
@@ -580,7 +582,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
                       s->cfg.max_body);
         return respond_error(c, &err);
     }
-    if (c->route == R_COMPLETIONS || c->route == R_CHAT)
+    if (c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_EMBEDDINGS)
         return serve_completion(c);
     return serve_get(c);
 }
