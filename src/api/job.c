@@ -104,7 +104,8 @@ static void job_destroy(api_job *job)
     free(job);
 }
 
-api_job *api_job_submit(const api_model *am, api_request *req, api_sink *sink, double t_start, api_error *err)
+/* A job for req (taken over) with its choices, nothing submitted yet. */
+static api_job *job_new(const api_model *am, api_request *req, api_sink *sink, double t_start, api_error *err)
 {
     api_job *job = calloc(1, sizeof *job);
     if (!job) {
@@ -125,7 +126,6 @@ api_job *api_job_submit(const api_model *am, api_request *req, api_sink *sink, d
     random_id(job->id, sizeof job->id, id_prefix[job->req.ep]);
     int32_t np = job->req.n_prompts;
     job->n_choices = np * job->req.n;
-    blade_engine *engine = job->req.ep == API_EMBEDDINGS ? am->embed_engine : am->engine;
     job->piece_cap = blade_tokenizer_max_token_bytes(am->model->tokenizer) + 16;
     job->prompts = calloc((size_t)np, sizeof *job->prompts);
     job->choices = calloc((size_t)job->n_choices, sizeof *job->choices);
@@ -145,7 +145,56 @@ api_job *api_job_submit(const api_model *am, api_request *req, api_sink *sink, d
         job_destroy(job);
         return api_error_set(err, 500, "server_error", NULL, NULL, "out of memory"), NULL;
     }
+    for (int32_t p = 0; p < np; p++) {
+        job->prompts[p].job = job;
+        job->prompts[p].index = p;
+    }
+    return job;
+}
 
+api_job *api_job_replay(const api_model *am, api_request *req, const char *text, size_t len,
+                        blade_finish_reason finish, api_buf *sse, api_error *err)
+{
+    if (req->n_prompts != 1 || req->n != 1) {
+        api_request_free(req);
+        return api_error_set(err, 500, "server_error", NULL, NULL, "only a single-choice request can be replayed"),
+               NULL;
+    }
+    api_job *job = job_new(am, req, NULL, 0, err);
+    if (!job)
+        return NULL;
+    api_event ev = {.job = job, .token = -1, .finish = finish, .prompt_tokens = job->req.prompts[0].n_tokens,
+                    .text = (char *)text, .text_len = len};
+    job->running = 1;
+    api_timing t;
+    if (sse)
+        api_job_stream_start(job, sse);
+    api_job_apply(job, &ev, sse, &t);
+    if (sse)
+        api_job_stream_end(job, sse);
+    return job;
+}
+
+void api_job_result(const api_job *job, const char **text, size_t *len, blade_finish_reason *finish)
+{
+    const api_choice *c = &job->choices[0];
+    *text = c->text.data ? c->text.data : "";
+    *len = c->text.len;
+    *finish = c->finish;
+}
+
+const api_request *api_job_request(const api_job *job)
+{
+    return &job->req;
+}
+
+api_job *api_job_submit(const api_model *am, api_request *req, api_sink *sink, double t_start, api_error *err)
+{
+    api_job *job = job_new(am, req, sink, t_start, err);
+    if (!job)
+        return NULL;
+    blade_engine *engine = job->req.ep == API_EMBEDDINGS ? am->embed_engine : am->engine;
+    int32_t np = job->req.n_prompts;
     for (int32_t p = 0; p < np; p++) {
         const api_prompt *pr = &job->req.prompts[p];
         blade_request q;
@@ -167,8 +216,6 @@ api_job *api_job_submit(const api_model *am, api_request *req, api_sink *sink, d
         }
         q.callback = on_event;
         q.user = &job->prompts[p];
-        job->prompts[p].job = job;
-        job->prompts[p].index = p;
         blade_error berr = {{0}};
         uint64_t id = blade_engine_submit(engine, &q, &berr);
         if (!id) {
@@ -287,8 +334,8 @@ void api_job_apply(api_job *job, const api_event *ev, api_buf *sse, api_timing *
     }
     if (sse)
         job_stream_event(job, sse, index, ev, lp);
-    else
-        api_buf_append(&c->text, ev->text, ev->text_len);
+    /* kept when streaming too: a finished answer may go into the semantic cache */
+    api_buf_append(&c->text, ev->text, ev->text_len);
     if (ev->embedding && !c->embedding) {
         if ((c->embedding = malloc((size_t)ev->n_embedding * sizeof *c->embedding))) {
             memcpy(c->embedding, ev->embedding, (size_t)ev->n_embedding * sizeof *c->embedding);

@@ -781,6 +781,12 @@ int api_parse(const api_model *am, api_endpoint ep, json_t *body, api_request *r
         goto fail;
     if (get_bool(body, "ignore_eos", &r->ignore_eos, err))
         goto fail;
+    json_t *sc = field(body, "semantic_cache");
+    if (sc && !json_is_boolean(sc)) {
+        api_bad_request(err, "semantic_cache", "'semantic_cache' must be a boolean, got %s", kind_name(sc));
+        goto fail;
+    }
+    r->semantic_cache = sc ? json_is_true(sc) : -1;
     if (check_user(body, err))
         goto fail;
     json_t *prio = field(body, "priority");

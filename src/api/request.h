@@ -61,6 +61,9 @@ typedef struct api_request {
      * renormalised (0: all) */
     bool base64;
     int32_t dimensions;
+    /* "semantic_cache": -1 absent, 0 false (bypass the cache), 1 true (store the answer
+     * even when sampled) */
+    int semantic_cache;
 } api_request;
 
 /* Parses and validates a request body (bytes as received): 0, or -1 with err set (400 for

@@ -3,6 +3,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/engine_options.h"
+#include "cli/serve_cache.h"
 #include "server/server.h"
 
 #include <ctype.h>
@@ -19,7 +20,7 @@ static void serve_usage(FILE *out)
     fprintf(out,
             "usage: blade serve -m MODEL [options]\n\n"
             "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions (both with\n"
-            "\"stream\": true for Server-Sent Events), GET /v1/models, GET /health (503 while loading or\n"
+            "\"stream\": true for Server-Sent Events), POST /v1/embeddings, GET /v1/models, GET /health (503 while loading or\n"
             "draining) and GET /metrics (Prometheus). SIGTERM or SIGINT drains: new requests get 503,\n"
             "in-flight ones finish (up to --drain-timeout), then the server exits with status 0.\n\n"
             "  -m, --model FILE         GGUF model\n"
@@ -62,6 +63,7 @@ static void serve_usage(FILE *out)
             "(\"interactive\" or \"batch\"), cache_salt.\n\n",
             API_MAX_N, API_MAX_STOP, API_MAX_STOP_BYTES, API_MAX_LOGPROBS, API_MAX_TOP_LOGPROBS, API_MAX_PROMPTS,
             API_MAX_CHOICES);
+    cli_serve_cache_usage(out);
     cli_engine_usage(out);
 }
 
@@ -125,6 +127,7 @@ int cmd_serve(int argc, char **argv)
         {"idle-timeout", required_argument, 0, OPT_IDLE},
         {"header-timeout", required_argument, 0, OPT_HEADER_TIMEOUT},
         {"body-timeout", required_argument, 0, OPT_BODY_TIMEOUT},
+        CLI_SERVE_CACHE_LONGOPTS,
         {"help", no_argument, 0, 'h'},
     };
     struct option *longopts = cli_merge_longopts(own, sizeof own / sizeof own[0]);
@@ -132,6 +135,8 @@ int cmd_serve(int argc, char **argv)
         return 1;
     cli_engine_options eo;
     cli_engine_options_init(&eo);
+    cli_serve_cache sco;
+    cli_serve_cache_init(&sco);
     server_config sc = {.host = "127.0.0.1", .port = 8080, .api_key = getenv("BLADE_API_KEY"),
                         .max_body = 8u << 20, .max_queue = 256, .timeout = 600, .drain_timeout = 30,
                         .max_connections = 1024, .idle_timeout = 15, .max_connections_per_ip = 256,
@@ -145,6 +150,8 @@ int cmd_serve(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:t:c:h", longopts, NULL)) != -1) {
         int handled = cli_engine_option(&eo, c, optarg);
+        if (!handled)
+            handled = cli_serve_cache_option(&sco, c, optarg);
         if (handled < 0)
             goto out;
         if (handled)
@@ -265,7 +272,11 @@ int cmd_serve(int argc, char **argv)
     if (api_model_init(&am, e, model_path, alias, template_file, &err))
         goto stop;
     have_am = true;
+    if (cli_serve_cache_start(&sco, &am, &eo, &err))
+        goto stop;
+    server_set_semantic_cache(srv, sco.cache);
     cli_engine_describe(stdout, &eo, e);
+    cli_serve_cache_describe(stdout, &sco, &am);
     if (cli_engine_pin_prefix(&eo, e)) {
         err.msg[0] = 0;
         goto stop;
@@ -298,6 +309,7 @@ stop:
     if (rc && err.msg[0])
         fprintf(stderr, "error: %s\n", err.msg);
     server_stop(srv);
+    cli_serve_cache_stop(&sco);
     blade_engine_free(e, false);
     if (have_am)
         api_model_destroy(&am);

@@ -8,6 +8,7 @@
 
 #include "api/buf.h"
 #include "api/job.h"
+#include "blade/semantic_cache.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -50,5 +51,7 @@ void metrics_observe_e2e(metrics *m, double seconds);
 void metrics_in_flight(metrics *m, int delta);
 /* The text exposition format; e may be NULL while the model loads. */
 void metrics_render(metrics *m, blade_engine *e, api_buf *out);
+/* The semantic cache's figures (blade:semantic_cache_*). */
+void metrics_render_semcache(blade_semcache *c, api_buf *out);
 
 #endif
