@@ -5,6 +5,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/engine_options.h"
+#include "loadgen/cache_report.h"
 #include "loadgen/client.h"
 #include "loadgen/html.h"
 #include "loadgen/summary.h"
@@ -55,6 +56,10 @@ enum {
     OPT_NO_WARMUP,
     OPT_JSON,
     OPT_API_KEY,
+    OPT_POOL,
+    OPT_EXACT_SHARE,
+    OPT_REWORD_SHARE,
+    OPT_NEAR_MISS_SHARE,
     /* command-specific */
     OPT_URL,
     OPT_MODEL_NAME,
@@ -88,6 +93,10 @@ static const struct option load_longopts[] = {
     {"no-warmup", no_argument, 0, OPT_NO_WARMUP},
     {"json", required_argument, 0, OPT_JSON},
     {"api-key", required_argument, 0, OPT_API_KEY},
+    {"pool", required_argument, 0, OPT_POOL},
+    {"exact-share", required_argument, 0, OPT_EXACT_SHARE},
+    {"reword-share", required_argument, 0, OPT_REWORD_SHARE},
+    {"near-miss-share", required_argument, 0, OPT_NEAR_MISS_SHARE},
 };
 #define N_LOAD_OPTS (sizeof load_longopts / sizeof load_longopts[0])
 
@@ -113,13 +122,15 @@ static void load_options_init(load_options *o)
     o->request_rate = INFINITY;
     o->burstiness = 1;
     o->timeout = 600;
+    o->wl.exact_share = o->wl.reword_share = o->wl.near_miss_share = -1;
 }
 
 static void load_usage(FILE *out)
 {
     fprintf(out,
             "workload (seeded: the same seed sends the same requests):\n"
-            "      --workload W          random | shared-prefix | multi-turn | long-interference | file (required)\n"
+            "      --workload W          random | shared-prefix | multi-turn | long-interference | file | semantic\n"
+            "                            (required)\n"
             "      --seed N              (default 0)\n"
             "      --input-len A[:B]     prompt tokens, BOS included, drawn uniformly from A..B (random: 256;\n"
             "                            shared-prefix: the unique suffix, 32; multi-turn: each user message, 64;\n"
@@ -139,6 +150,14 @@ static void load_usage(FILE *out)
             "      --dataset FILE        file: ShareGPT-style JSON [{\"conversations\": [{\"from\": \"human\", ...},\n"
             "                            {\"from\": \"gpt\", ...}]}]: the human turn is the prompt, the gpt turn's\n"
             "                            length in tokens the output length\n"
+            "      --pool N              semantic: base prompts, asked first (default 50); the requests after them\n"
+            "                            repeat one exactly, reword one (a word swap, casing, punctuation), nearly\n"
+            "                            miss one (one word replaced: alike, asking something else) or are fresh;\n"
+            "                            prompts are --input-len words (default 12:20) of --text or the vocabulary,\n"
+            "                            requests opt in with \"semantic_cache\": true, and the report counts cache\n"
+            "                            hits (X-Blade-Semantic-Cache) per kind: a near miss or fresh hit is false\n"
+            "      --exact-share X, --reword-share X, --near-miss-share X  semantic: shares of the requests after\n"
+            "                            the pool (default 0.3, 0.3, 0.2; fresh: the rest)\n"
             "load:\n"
             "      --num-requests N      requests to measure (default 100; shared-prefix: G x P)\n"
             "      --duration S          or: start requests for S seconds, then let those in flight finish\n"
@@ -195,8 +214,8 @@ static int load_option(load_options *o, int code, const char *arg)
     case OPT_WORKLOAD: {
         int k = lg_workload_from_name(arg);
         if (k < 0) {
-            fprintf(stderr, "error: --workload expects random, shared-prefix, multi-turn, long-interference or file, "
-                            "got '%s'\n", arg);
+            fprintf(stderr, "error: --workload expects random, shared-prefix, multi-turn, long-interference, file or "
+                            "semantic, got '%s'\n", arg);
             return -1;
         }
         o->wl.kind = (lg_workload_kind)k;
@@ -252,6 +271,10 @@ static int load_option(load_options *o, int code, const char *arg)
     case OPT_NO_WARMUP: o->warmup = false; return 1;
     case OPT_JSON: o->json_path = arg; return 1;
     case OPT_API_KEY: o->api_key = arg; return 1;
+    case OPT_POOL: return parse_positive_int("--pool", arg, 1 << 20, &o->wl.pool) ? 1 : -1;
+    case OPT_EXACT_SHARE: return cli_parse_float("--exact-share", arg, 0, 1, &o->wl.exact_share) ? 1 : -1;
+    case OPT_REWORD_SHARE: return cli_parse_float("--reword-share", arg, 0, 1, &o->wl.reword_share) ? 1 : -1;
+    case OPT_NEAR_MISS_SHARE: return cli_parse_float("--near-miss-share", arg, 0, 1, &o->wl.near_miss_share) ? 1 : -1;
     default: return 0;
     }
 }
@@ -259,7 +282,8 @@ static int load_option(load_options *o, int code, const char *arg)
 static int load_finalize(load_options *o)
 {
     if (!o->have_workload) {
-        fprintf(stderr, "error: --workload is required (random, shared-prefix, multi-turn, long-interference, file)\n");
+        fprintf(stderr, "error: --workload is required (random, shared-prefix, multi-turn, long-interference, file, "
+                        "semantic)\n");
         return -1;
     }
     if (o->duration > 0 && isinf(o->request_rate) && !o->max_concurrency) {
@@ -323,6 +347,12 @@ static json_t *workload_json(const load_options *o)
         json_object_set_new(j, "long_every", json_integer(c->long_every));
         break;
     case LG_WORKLOAD_FILE: json_object_set_new(j, "dataset", path_json(c->dataset_path)); break;
+    case LG_WORKLOAD_SEMANTIC:
+        json_object_set_new(j, "pool", json_integer(c->pool));
+        json_object_set_new(j, "exact_share", json_real(c->exact_share));
+        json_object_set_new(j, "reword_share", json_real(c->reword_share));
+        json_object_set_new(j, "near_miss_share", json_real(c->near_miss_share));
+        break;
     default: break;
     }
     return j;
@@ -398,6 +428,7 @@ static int run_load(const load_options *o, const target *t, const blade_tokenize
         .tok = tok,
         .prompt_text = o->prompt_text,
         .ignore_eos = o->ignore_eos,
+        .semantic_cache = o->wl.kind == LG_WORKLOAD_SEMANTIC,
         .num_requests = o->num_requests,
         .duration = o->duration,
         .request_rate = o->request_rate,
@@ -582,9 +613,15 @@ int cmd_bench_serve(int argc, char **argv)
     if (run_load(&o, &t, tok, &res, &sum))
         goto out;
     lg_summary_print(stdout, &sum);
+    lg_cache_report cache;
+    lg_cache_report_make(&res, &cache);
+    if (o.wl.kind == LG_WORKLOAD_SEMANTIC)
+        lg_cache_report_print(stdout, &cache);
     config = serve_config(&o, &t);
     if (o.json_path) {
         json_t *doc = result_doc(&res, &sum, config);
+        if (o.wl.kind == LG_WORKLOAD_SEMANTIC)
+            json_object_set_new(doc, "semantic_cache", lg_cache_report_json(&cache));
         int w = write_json(o.json_path, doc);
         json_decref(doc);
         if (w)

@@ -185,6 +185,9 @@ static float *embed_prompt(const api_model *am, const api_request *req, double d
     q.n_prompt_tokens = n;
     q.embed = am->pooling;
     q.cls = req->cls;
+    /* the generation that may follow finds these blocks in the prefix cache (same tenant
+     * salt, same engine when the served model embeds) */
+    q.cache_salt = req->cache_salt;
     q.callback = on_embedding;
     q.user = &w;
     blade_error err = {{0}};
