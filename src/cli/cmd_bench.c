@@ -1,3 +1,6 @@
+/* `blade bench`: the model runner's speed on this machine (prefill, generation against the
+ * memory-bandwidth roofline, batched decode). */
+
 #include "blade/bench.h"
 #include "blade/kernels.h"
 #include "blade/kv_store.h"
@@ -5,40 +8,12 @@
 #include "blade/runner.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static void bench_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: blade bench -m MODEL [-p 512] [-n 128] [-b 1,4,8,16] [-r 5] [-t N] [--json]\n"
-            "       blade bench engine -m MODEL --workload W   (see blade bench engine --help)\n"
-            "       blade bench serve --url URL --workload W   measure an OpenAI-compatible endpoint\n"
-            "       blade bench ablation -m MODEL --workload W what each serving technique buys\n"
-            "       blade bench compare BASE.json NEW.json     fail on a performance regression\n\n"
-            "Measures the model runner on this machine:\n"
-            "  ppP    prompt processing: one P-token prefill in a single batch, tokens/s\n"
-            "  tgN    single-sequence generation of N tokens from an empty context, tokens/s, and the\n"
-            "         fraction of the memory-bandwidth roofline: weight bytes x tokens/s / bandwidth, with\n"
-            "         the machine's read bandwidth measured right before and after each tg run (the\n"
-            "         larger of the two)\n"
-            "  Bx     aggregate decode tokens/s of B sequences decoding together, each with a 128-token\n"
-            "         context (prefilled untimed), over 32 steps\n"
-            "Each figure is the mean +- standard deviation over R runs, after one warm-up run.\n\n"
-            "  -m, --model FILE     GGUF model\n"
-            "  -p, --n-prompt P     prompt length for pp (default 512; 0 skips)\n"
-            "  -n, --n-gen N        tokens for tg (default 128; 0 skips)\n"
-            "  -b, --batches LIST   concurrent sequences for aggregate decode (default 1,4,8,16; 0 skips)\n"
-            "  -r, --repetitions R  runs per figure (default 5)\n"
-            "  -t, --threads N      threads (default: physical cores)\n"
-            "      --kv-type T      KV cache element type: f16 (default), bf16, f32\n"
-            "      --json           print one JSON object instead of the table\n"
-            "  -h, --help           this help\n");
-}
 
 typedef struct bench {
     blade_model *m;
@@ -174,91 +149,122 @@ static int measure(bench *b, const char *name, double (*fn)(bench *, int32_t, bl
     return 0;
 }
 
-static int parse_batches(const char *s, int32_t *out, int *n)
+#define MAX_BATCHES 16
+
+typedef struct bench_options {
+    const char *model_path;
+    long long n_prompt, n_gen, reps, threads;
+    struct batch_sizes {
+        int32_t n[MAX_BATCHES];
+        int count;
+    } batches;
+    blade_kv_type kv_type;
+    bool json;
+} bench_options;
+
+static void bench_init(void *opts)
 {
-    *n = 0;
-    char *copy = strdup(s), *save = NULL;
-    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        long long v;
-        if (*n >= 16 || !cli_parse_int("-b", tok, 0, 256, &v)) {
-            free(copy);
-            return -1;
-        }
-        if (v > 0)
-            out[(*n)++] = (int32_t)v;
-    }
-    free(copy);
-    return 0;
+    bench_options *o = opts;
+    o->n_prompt = 512;
+    o->n_gen = 128;
+    o->reps = 5;
+    o->batches = (struct batch_sizes){{1, 4, 8, 16}, 4};
+    o->kv_type = BLADE_KV_F16;
 }
 
-int cmd_bench(int argc, char **argv)
+/* "1,4,8,16": batch sizes, 0s dropped. */
+static bool parse_batches(const cli_flag *f, const char *value, void *dest, char *why, size_t cap)
 {
-    if (argc > 1 && !strcmp(argv[1], "engine"))
-        return cmd_bench_engine(argc - 1, argv + 1);
-    if (argc > 1 && !strcmp(argv[1], "serve"))
-        return cmd_bench_serve(argc - 1, argv + 1);
-    if (argc > 1 && !strcmp(argv[1], "ablation"))
-        return cmd_bench_ablation(argc - 1, argv + 1);
-    if (argc > 1 && !strcmp(argv[1], "compare"))
-        return cmd_bench_compare(argc - 1, argv + 1);
-    static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},       {"n-prompt", required_argument, 0, 'p'},
-        {"n-gen", required_argument, 0, 'n'},       {"batches", required_argument, 0, 'b'},
-        {"repetitions", required_argument, 0, 'r'}, {"threads", required_argument, 0, 't'},
-        {"kv-type", required_argument, 0, 'K'},     {"json", no_argument, 0, 'J'},
-        {"help", no_argument, 0, 'h'},              {0, 0, 0, 0},
-    };
-    const char *model_path = NULL;
-    long long n_prompt = 512, n_gen = 128, reps = 5, threads = 0;
-    int32_t batches[16] = {1, 4, 8, 16};
-    int n_batches = 4;
-    bool json = false;
-    int kv_type = BLADE_KV_F16;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:p:n:b:r:t:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'm': model_path = optarg; break;
-        case 'p':
-            if (!cli_parse_int("-p", optarg, 0, 1 << 16, &n_prompt))
-                return 2;
-            break;
-        case 'n':
-            if (!cli_parse_int("-n", optarg, 0, 1 << 16, &n_gen))
-                return 2;
-            break;
-        case 'b':
-            if (parse_batches(optarg, batches, &n_batches))
-                return 2;
-            break;
-        case 'r':
-            if (!cli_parse_int("-r", optarg, 1, 64, &reps))
-                return 2;
-            break;
-        case 't':
-            if (!cli_parse_int("-t", optarg, 1, 1024, &threads))
-                return 2;
-            break;
-        case 'K':
-            if ((kv_type = blade_kv_type_from_name(optarg)) < 0) {
-                fprintf(stderr, "error: --kv-type expects f16, bf16 or f32, got '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case 'J': json = true; break;
-        case 'h': bench_usage(stdout); return 0;
-        default: bench_usage(stderr); return 2;
+    struct batch_sizes got = {{0}, 0};
+    const char *p = value;
+    for (;;) {
+        char item[32];
+        size_t len = strcspn(p, ",");
+        long long v;
+        snprintf(item, sizeof item, "%.*s", (int)(len < sizeof item ? len : sizeof item - 1), p);
+        if (len >= sizeof item || !cli_int_in(item, 0, 256, &v)) {
+            snprintf(why, cap, "--%s expects a comma-separated list of batch sizes in [0, 256], got '%s'", f->name,
+                     value);
+            return false;
         }
+        if (v > 0 && got.count == MAX_BATCHES) {
+            snprintf(why, cap, "--%s takes at most %d batch sizes, got '%s'", f->name, MAX_BATCHES, value);
+            return false;
+        }
+        if (v > 0)
+            got.n[got.count++] = (int32_t)v;
+        if (!p[len])
+            break;
+        p += len + 1;
     }
-    if (!model_path || optind != argc) {
-        bench_usage(stderr);
-        return 2;
-    }
+    *(struct batch_sizes *)dest = got;
+    return true;
+}
+
+#define O bench_options
+static const cli_flag bench_flags[] = {
+    {.name = "model", .letter = 'm', .kind = CLI_PATH, CLI_AT(O, model_path), .metavar = "FILE", .required = true,
+     .help = "GGUF model"},
+    {.name = "n-prompt", .kind = CLI_INT, CLI_AT(O, n_prompt), .min = 0, .max = 1 << 16, .metavar = "P",
+     .help = "prompt length for pp; 0 skips it"},
+    {.name = "n-predict", .letter = 'n', .kind = CLI_INT, CLI_AT(O, n_gen), .min = 0, .max = 1 << 16,
+     .metavar = "N", .help = "tokens generated for tg; 0 skips it"},
+    {.name = "batches", .letter = 'b', .kind = CLI_CUSTOM, CLI_AT(O, batches), .parse = parse_batches,
+     .metavar = "LIST", .dflt = "1,4,8,16", .help = "concurrent sequences for aggregate decode; 0 skips it"},
+    {.name = "repetitions", .letter = 'r', .kind = CLI_INT, CLI_AT(O, reps), .min = 1, .max = 64, .metavar = "R",
+     .help = "runs per figure"},
+    {.name = "threads", .letter = 't', .kind = CLI_INT, CLI_AT(O, threads), .min = 1, .max = 1024, .metavar = "N",
+     .dflt = "physical cores", .help = "threads"},
+    {.name = "kv-type", .kind = CLI_ENUM, CLI_AT(O, kv_type), .choice_at = cli_kv_type_choice, .metavar = "T",
+     .help = "KV cache element type"},
+    {.name = "json", .kind = CLI_BOOL, CLI_AT(O, json), .help = "print one JSON object instead of the table"},
+    {0},
+};
+#undef O
+
+static int bench_main(int argc, char **argv);
+
+const cli_command cli_cmd_bench = {
+    .name = "bench",
+    .summary = "measure prompt processing, generation and batched decode speed",
+    .synopsis = "-m MODEL [--n-prompt 512] [-n 128] [-b 1,4,8,16] [-r 5] [-t N] [--json]",
+    .about = "Measures the model runner on this machine:\n"
+             "  ppP    prompt processing: one P-token prefill in a single batch, tokens/s\n"
+             "  tgN    single-sequence generation of N tokens from an empty context, tokens/s, and the\n"
+             "         fraction of the memory-bandwidth roofline: weight bytes x tokens/s / bandwidth, with\n"
+             "         the machine's read bandwidth measured right before and after each tg run (the\n"
+             "         larger of the two)\n"
+             "  Bx     aggregate decode tokens/s of B sequences decoding together, each with a 128-token\n"
+             "         context (prefilled untimed), over 32 steps\n"
+             "Each figure is the mean +- standard deviation over R runs, after one warm-up run.\n\n"
+             "The other bench commands (each with its --help):\n"
+             "  blade bench engine -m MODEL --workload W     the engine's techniques against their baselines\n"
+             "  blade bench serve --url URL --workload W     measure an OpenAI-compatible endpoint\n"
+             "  blade bench ablation -m MODEL --workload W   what each serving technique buys\n"
+             "  blade bench compare BASE.json NEW.json       fail on a performance regression\n",
+    .tables = (const cli_table[]){{bench_flags, 0}, {0}},
+    .opts_size = sizeof(bench_options),
+    .init = bench_init,
+    .main = bench_main,
+};
+
+static int bench_main(int argc, char **argv)
+{
+    bench_options o;
+    int rc = cli_parse(&cli_cmd_bench, argc, argv, &o);
+    if (rc != CLI_RUN)
+        return rc;
+    const char *model_path = o.model_path;
+    long long n_prompt = o.n_prompt, n_gen = o.n_gen, reps = o.reps, threads = o.threads;
+    const int32_t *batches = o.batches.n;
+    int n_batches = o.batches.count;
+    bool json = o.json;
+    blade_kv_type kv_type = o.kv_type;
 
     blade_error err = {{0}};
     bench b = {0};
     b.rng = 42;
-    int rc = 1;
+    rc = 1;
     int32_t max_batch = 1;
     for (int i = 0; i < n_batches; i++)
         max_batch = batches[i] > max_batch ? batches[i] : max_batch;
@@ -270,7 +276,7 @@ int cmd_bench(int argc, char **argv)
         longest = CONTEXT + DECODE_STEPS;
     b.per_seq = (longest + 15) / 16;
     int32_t n_blocks = b.per_seq * max_batch;
-    blade_kv_store_config store_cfg = blade_model_kv_config(&b.m->hp, (blade_kv_type)kv_type, 16, n_blocks);
+    blade_kv_store_config store_cfg = blade_model_kv_config(&b.m->hp, kv_type, 16, n_blocks);
     b.kv = blade_kv_store_new(&store_cfg, &err);
     b.pool = blade_threadpool_new((int)threads);
     int32_t max_tokens = (int32_t)(n_prompt > CONTEXT ? n_prompt : CONTEXT);
@@ -312,7 +318,7 @@ int cmd_bench(int argc, char **argv)
     if (json) {
         printf("{\"model\": \"%s\", \"weight_bytes\": %zu, \"threads\": %d, \"isa\": \"%s\", \"kv_type\": \"%s\", ",
                model_path, b.m->weight_bytes, blade_threadpool_size(b.pool), isa,
-               blade_kv_type_name((blade_kv_type)kv_type));
+               blade_kv_type_name(kv_type));
         if (tg)
             printf("\"bandwidth_bytes_per_s\": %.0f, ", tg->bandwidth.mean);
         printf("\"results\": [");
@@ -329,7 +335,7 @@ int cmd_bench(int argc, char **argv)
         printf("model: %s (%.2f GiB of weights, %llu parameters)\n", model_path, b.m->weight_bytes / 1073741824.0,
                (unsigned long long)b.m->n_params);
         printf("threads: %d, kernels: %s, KV cache: %s", blade_threadpool_size(b.pool), isa,
-               blade_kv_type_name((blade_kv_type)kv_type));
+               blade_kv_type_name(kv_type));
         if (tg)
             printf(", memory read bandwidth: %.2f +- %.2f GB/s (around each tg run)", tg->bandwidth.mean / 1e9,
                    tg->bandwidth.stddev / 1e9);
