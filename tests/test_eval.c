@@ -20,32 +20,6 @@
 
 /* ---- fixtures ---- */
 
-static blade_model *load(const char *path)
-{
-    blade_error err = {{0}};
-    blade_model *m = blade_model_load(path, &err);
-    if (!m)
-        fail_msg("%s", err.msg);
-    return m;
-}
-
-static blade_model *load_stories(void)
-{
-    char *path = require_shared("models/stories260K.gguf");
-    blade_model *m = load(path);
-    free(path);
-    return m;
-}
-
-static char *corpus(size_t *len)
-{
-    char *path = require_shared("eval/stories-corpus.txt");
-    char *text = read_file(path, len);
-    assert_non_null(text);
-    free(path);
-    return text;
-}
-
 static blade_eval_config config(int32_t n_ctx, int32_t max_chunks)
 {
     blade_eval_config c;
@@ -59,7 +33,7 @@ static blade_eval_config config(int32_t n_ctx, int32_t max_chunks)
 static void text_of(blade_eval_text *t, const blade_model *m, const blade_eval_config *cfg)
 {
     size_t len;
-    char *text = corpus(&len);
+    char *text = read_shared("eval/stories-corpus.txt", &len);
     blade_error err = {{0}};
     if (blade_eval_text_init(t, m, text, len, cfg, &err))
         fail_msg("%s", err.msg);
@@ -396,7 +370,7 @@ static void test_q8_0_candidate(void **state)
 {
     (void)state;
     char *path = q8_0_path();
-    blade_model *base = load_stories(), *cand = load(path);
+    blade_model *base = load_stories(), *cand = load_model(path);
     blade_eval_config cfg = config(128, 20);
     blade_eval_result r;
     compare(base, cand, cfg, &r);
@@ -448,7 +422,7 @@ static void test_different_vocabulary(void **state)
 {
     (void)state;
     char *edited = rewrite_stories("stories260K-token300.gguf", false, edit_token_300);
-    blade_model *base = load_stories(), *cand = load(edited);
+    blade_model *base = load_stories(), *cand = load_model(edited);
     blade_error err = {{0}};
     assert_int_equal(blade_eval_check_vocab(base, cand, &err), -1);
     print_message("%s\n", err.msg);
@@ -475,7 +449,7 @@ static void test_different_vocabulary(void **state)
     spec.vocab_path = vocab;
     if (blade_synth_write(&spec, other, false, &err))
         fail_msg("%s", err.msg);
-    cand = load(other);
+    cand = load_model(other);
     assert_int_equal(blade_eval_check_vocab(base, cand, &err), -1);
     print_message("%s\n", err.msg);
     assert_non_null(strstr(err.msg, "has 600 tokens, the base's 512"));

@@ -1019,9 +1019,12 @@ static void test_cli_serve(void **state)
     assert_null(strstr(page, "<script"));
     free(page);
 
-    /* The ablation varies the scheduling flags itself. */
+    /* The ablation varies the scheduling flags and the KV type itself. */
     assert_int_equal(run_blade("bench ablation --workload random --scheduler static", &out, 1), 2);
     assert_non_null(strstr(out, "what the ablation varies"));
+    free(out);
+    assert_int_equal(run_blade("bench ablation --workload random --kv-type q8_0", &out, 1), 2);
+    assert_non_null(strstr(out, "--kv-type is what the ablation varies"));
     free(out);
 
     /* The fake's model id is no file: without --tokenizer the command says what to do. */

@@ -1,3 +1,5 @@
+/* Helpers of the cmocka test programs (testutil.h): paths into ../shared, reported skips,
+ * files, temporary paths, and running the blade binary or any command. */
 #include "testutil.h"
 
 #include <errno.h>
@@ -16,6 +18,33 @@ static char *join(const char *a, const char *b)
     char *p = malloc(n);
     snprintf(p, n, "%s/%s", a, b);
     return p;
+}
+
+blade_model *load_model(const char *path)
+{
+    blade_error err = {{0}};
+    blade_model *m = blade_model_load(path, &err);
+    if (!m)
+        fail_msg("%s", err.msg);
+    return m;
+}
+
+blade_model *load_stories(void)
+{
+    char *path = require_shared("models/stories260K.gguf");
+    blade_model *m = load_model(path);
+    free(path);
+    return m;
+}
+
+char *read_shared(const char *rel, size_t *len)
+{
+    char *path = require_shared(rel);
+    char *text = read_file(path, len);
+    if (!text)
+        fail_msg("cannot read %s", path);
+    free(path);
+    return text;
 }
 
 char *shared_path(const char *rel)
@@ -106,19 +135,12 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Runs `prefix blade args` through sh, whose exec makes the last command of the line the
- * child itself, so what wait4 reports is that process's alone. */
-static int run_prefixed(const char *prefix, const char *args, char **out, int merge_stderr, struct rusage *usage,
-                        double *wall_s)
+/* Runs cmd through sh with its stdout captured. */
+static int run_shell(const char *cmd, char **out, struct rusage *usage, double *wall_s)
 {
-    size_t n = strlen(prefix) + strlen(BLADE_BINARY) + strlen(args) + 32;
-    char *cmd = malloc(n);
-    snprintf(cmd, n, "exec %s'%s' %s%s", prefix, BLADE_BINARY, args, merge_stderr ? " 2>&1" : " 2>/dev/null");
     int fds[2];
-    if (pipe(fds) != 0) {
-        free(cmd);
+    if (pipe(fds) != 0)
         return -1;
-    }
     double t0 = now_s();
     pid_t pid = fork();
     if (pid == 0) {
@@ -128,7 +150,6 @@ static int run_prefixed(const char *prefix, const char *args, char **out, int me
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
-    free(cmd);
     close(fds[1]);
     if (pid < 0) {
         close(fds[0]);
@@ -164,6 +185,24 @@ static int run_prefixed(const char *prefix, const char *args, char **out, int me
     else
         free(buf);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Runs `prefix blade args` through sh, whose exec makes the last command of the line the
+ * child itself, so what wait4 reports is that process's alone. */
+static int run_prefixed(const char *prefix, const char *args, char **out, int merge_stderr, struct rusage *usage,
+                        double *wall_s)
+{
+    size_t n = strlen(prefix) + strlen(BLADE_BINARY) + strlen(args) + 32;
+    char *cmd = malloc(n);
+    snprintf(cmd, n, "exec %s'%s' %s%s", prefix, BLADE_BINARY, args, merge_stderr ? " 2>&1" : " 2>/dev/null");
+    int rc = run_shell(cmd, out, usage, wall_s);
+    free(cmd);
+    return rc;
+}
+
+int run_command(const char *cmd, char **out)
+{
+    return run_shell(cmd, out, NULL, NULL);
 }
 
 int run_blade(const char *args, char **out, int merge_stderr)

@@ -19,6 +19,7 @@
  *   - the gate: a parsed list of conditions ("kld<=0.02,ppl<=+1.5%,top1>=0.95") checked
  *     against a comparison, for tools that must refuse a model that costs too much. */
 
+#include "blade/act_stats.h"
 #include "blade/error.h"
 #include "blade/kernels.h"
 #include "blade/kv_type.h"
@@ -51,6 +52,10 @@ typedef struct blade_eval_config {
                             * candidate's (the base always runs with f16 KV) */
     blade_eval_progress_fn progress; /* called after every forward call; may be NULL */
     void *progress_user;
+    /* When set, a scorer's runner adds the activation rows it runs to these statistics
+     * (act_stats.h; blade imatrix): positions 0 .. n_ctx-2 of every chunk, and for the
+     * classifier the scored positions. */
+    blade_act_stats *act_stats;
 } blade_eval_config;
 
 void blade_eval_config_default(blade_eval_config *c);

@@ -23,16 +23,18 @@
 #include <unistd.h>
 
 /* The techniques in the order the ablation adds them, with the serve flags that turn each
- * off: row k of the table runs with the first k on and the rest off, so adding a
- * technique is one line here. */
+ * off (and on, for one that is not on by default): row k of the table runs with the first k
+ * on and the rest off, so adding a technique is one line here. */
 static const struct technique {
     const char *name;
     const char *off[3];
+    const char *on[3];
 } techniques[] = {
-    {"continuous batching", {"--scheduler", "static"}},
-    {"paged KV", {"--kv-alloc", "contiguous"}},
-    {"prefix caching", {"--no-prefix-cache"}},
-    {"chunked prefill", {"--no-chunked-prefill"}},
+    {"continuous batching", {"--scheduler", "static"}, {NULL}},
+    {"paged KV", {"--kv-alloc", "contiguous"}, {NULL}},
+    {"prefix caching", {"--no-prefix-cache"}, {NULL}},
+    {"chunked prefill", {"--no-chunked-prefill"}, {NULL}},
+    {"8-bit KV cache (q8_0)", {"--kv-type", "f16"}, {"--kv-type", "q8_0"}},
 };
 #define N_TECHNIQUES (sizeof techniques / sizeof techniques[0])
 #define MAX_PASS 32
@@ -112,11 +114,11 @@ const cli_command cli_cmd_bench_ablation = {
     .about =
         "Reproduces what each serving technique buys. Starts `blade serve` (this binary) on a free loopback\n"
         "port once per configuration, from the naive baseline (static batching, contiguous KV reservation, no\n"
-        "prefix cache, no chunked prefill) adding one technique at a time (continuous batching, paged KV,\n"
-        "prefix caching, chunked prefill: everything on), runs the same seeded workload against each, stops\n"
-        "it with SIGTERM, and prints one table: throughput, TTFT and TPOT p50/p99, KV slot utilisation (token\n"
-        "slots used / allocated, when /metrics exposes blade:kv_utilisation), cost per million tokens, and\n"
-        "each row's ratio to the baseline.\n"
+        "prefix cache, no chunked prefill, f16 KV) adding one technique at a time (continuous batching, paged\n"
+        "KV, prefix caching, chunked prefill, --kv-type q8_0: everything on), runs the same seeded workload\n"
+        "against each, stops it with SIGTERM, and prints one table: throughput, TTFT and TPOT p50/p99, KV\n"
+        "slot utilisation (token slots used / allocated, when /metrics exposes blade:kv_utilisation), cost\n"
+        "per million tokens, and each row's ratio to the baseline.\n"
         "Requests carry ignore_eos, so every configuration generates the same tokens. Each server's output\n"
         "goes to a temporary log, kept and named if it fails.\n",
     .tables = (const cli_table[]){{ablation_flags, 0},
@@ -183,9 +185,11 @@ static void server_argv(const char **argv, int *flags, const char *model, const 
         if (pass[i].value)
             argv[n++] = pass[i].value;
     }
-    for (size_t t = k; t < N_TECHNIQUES; t++)
-        for (int j = 0; j < 3 && techniques[t].off[j]; j++)
-            argv[n++] = techniques[t].off[j];
+    for (size_t t = 0; t < N_TECHNIQUES; t++) {
+        const char *const *flags = t < k ? techniques[t].on : techniques[t].off;
+        for (int j = 0; j < 3 && flags[j]; j++)
+            argv[n++] = flags[j];
+    }
     argv[n] = NULL;
 }
 

@@ -13,6 +13,7 @@ const cli_command *const cli_commands[] = {
     &cli_cmd_template,
     &cli_cmd_convert,
     &cli_cmd_quantize,
+    &cli_cmd_imatrix,
     &cli_cmd_synth,
     &cli_cmd_perplexity,
     &cli_cmd_eval,

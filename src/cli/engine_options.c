@@ -76,6 +76,13 @@ int cli_engine_finalize(cli_engine_options *o, const blade_model *m)
     return 0;
 }
 
+int64_t cli_kv_tokens(const blade_hparams *hp, blade_kv_type t, int32_t block_size, size_t bytes)
+{
+    blade_kv_store_config one_block = blade_model_kv_config(hp, t, block_size, 0);
+    size_t block_bytes = blade_kv_store_block_bytes(&one_block);
+    return block_bytes ? (int64_t)(bytes / block_bytes) * block_size : 0;
+}
+
 void cli_engine_describe(FILE *out, const cli_engine_options *o, blade_engine *e)
 {
     const blade_engine_config *c = &o->cfg;
@@ -90,6 +97,15 @@ void cli_engine_describe(FILE *out, const cli_engine_options *o, blade_engine *e
                  "step budget %d tokens, %d sequences\n",
             (double)c->kv_mem_bytes / 1073741824.0, blade_kv_type_name(c->kv_type), (long long)tokens,
             (long long)(tokens / ctx), ctx, c->sched.max_batch_tokens, c->sched.max_seqs);
+    const blade_hparams *hp = &blade_engine_model(e)->hp;
+    int64_t f16_tokens = cli_kv_tokens(hp, BLADE_KV_F16, c->block_size, c->kv_mem_bytes);
+    fprintf(out, "KV cache by --kv-type, same memory:");
+    for (int t = 0; t < BLADE_KV_TYPE_COUNT; t++) {
+        int64_t n = cli_kv_tokens(hp, (blade_kv_type)t, c->block_size, c->kv_mem_bytes);
+        fprintf(out, "%s %s %lld tokens = %lld sequences (%.2fx f16)", t ? "," : "", blade_kv_type_name((blade_kv_type)t),
+                (long long)n, (long long)(n / ctx), f16_tokens ? (double)n / (double)f16_tokens : 0.0);
+    }
+    fprintf(out, "\n");
 }
 
 typedef struct pin_wait {

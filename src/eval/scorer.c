@@ -99,7 +99,7 @@ blade_scorer *blade_scorer_new(const blade_model *m, const blade_eval_config *cf
     blade_kv_store_config kc = blade_model_kv_config(&m->hp, cfg->kv_type, SCORER_BLOCK_SIZE, n_blocks);
     s->kv = blade_kv_store_new(&kc, err);
     s->runner = s->kv ? blade_runner_new(m, s->kv, pool, s->budget, err) : NULL;
-    if (!s->runner) {
+    if (!s->runner || blade_runner_set_act_stats(s->runner, cfg->act_stats, err)) {
         blade_scorer_free(s);
         return NULL;
     }

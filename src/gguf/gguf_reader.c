@@ -1,3 +1,9 @@
+/* Reading GGUF (gguf.h): the whole header, metadata and tensor table validated up front
+ * against the file's size, every count and offset checked before it is used, errors
+ * naming the field and its file offset. The weights are then copied once into 2 MiB-page
+ * memory for the kernels (gguf_open), or read through the file's own mapping
+ * (gguf_open_mapped). */
+
 #include "gguf_internal.h"
 
 #include "common/file.h"

@@ -1,3 +1,6 @@
+/* The --report page of `blade bench serve` (html.h): one self-contained HTML file with
+ * inline SVG charts, which opens anywhere without a network. */
+
 #include "loadgen/html.h"
 
 #include <errno.h>

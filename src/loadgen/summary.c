@@ -1,3 +1,6 @@
+/* From a run's records to the figures `blade bench serve` reports (summary.h), printed as
+ * a table and written as JSON. */
+
 #include "loadgen/summary.h"
 
 #include <math.h>

@@ -1,3 +1,8 @@
+/* Loading a vocabulary from GGUF metadata (tokenizer.h): tokens, types, scores, special
+ * ids and flags, each checked against the vocabulary size; the lookup table from text to
+ * id; the tokenizer kind and pre-tokenizer, refused by name when blade does not implement
+ * them. */
+
 #include "common/utf8.h"
 #include "tokenizer/tokenizer_internal.h"
 
