@@ -10,7 +10,6 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 
-#include <getopt.h>
 #include <malloc.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,68 +23,52 @@
 #define ENTRY_NOISE 0.6
 #define QUERY_NOISE 0.2
 
-static void usage(FILE *out)
-{
-    fprintf(out,
-            "usage: blade bench semantic-cache [--entries 1000,10000,100000] [--dim 64,2048]\n"
-            "                                  [--index exact,hnsw,auto] [--queries 1000] [--json]\n\n"
-            "Fills a semantic cache with synthetic clustered embeddings and measures, per index kind:\n"
-            "  insert     mean time to store one entry (graph building included)\n"
-            "  near p50/p99   lookup latency of near-duplicate queries (the semantic-hit path)\n"
-            "  fresh p50/p99  lookup latency of fresh queries (the miss path)\n"
-            "  exact p50  lookup latency of a repeated request (the exact tier)\n"
-            "  recall     near-duplicate queries answered, against the exact scan's 100%%\n"
-            "  RSS/entry  resident memory added per entry; accounted: the cache's own count\n"
-            "Hold the benchmark lock on a shared machine (flock /tmp/blade-bench.lock ...).\n\n"
-            "      --entries LIST      cache sizes (default 1000,10000,100000)\n"
-            "      --dim LIST          embedding dimensions (default 64,2048)\n"
-            "      --index LIST        exact, hnsw, auto (default: all three)\n"
-            "      --queries N         queries of each kind (default 1000)\n"
-            "      --partitions P      spread the entries over P tenants (default 1: one partition)\n"
-            "      --response-bytes B  stored response size (default 1000)\n"
-            "      --threshold T       similarity threshold (default 0.95)\n"
-            "      --exact-scan-max N  AUTO's switch point in entries (default: the cache's)\n"
-            "      --hnsw-m M, --ef-construction E, --ef-search E   graph parameters (default: the cache's)\n"
-            "      --json              one JSON object instead of the table\n"
-            "  -h, --help              this help\n");
-}
+/* A comma-separated list of whole numbers in [1, max]: --entries, --dim. */
+typedef struct num_list {
+    long long v[MAX_LIST];
+    int n;
+} num_list;
 
-static int parse_list(const char *flag, const char *s, long long min, long long max, long long *out, int *n)
+static bool parse_nums(const cli_flag *f, const char *value, void *dest, char *why, size_t cap)
 {
-    *n = 0;
-    char *copy = strdup(s), *save = NULL;
-    int rc = 0;
-    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (*n >= MAX_LIST || !cli_parse_int(flag, tok, min, max, &out[*n])) {
-            rc = -1;
-            break;
-        }
-        (*n)++;
-    }
+    num_list *l = dest;
+    l->n = 0;
+    char *copy = strdup(value), *save = NULL;
+    bool ok = copy != NULL;
+    for (char *tok = ok ? strtok_r(copy, ",", &save) : NULL; ok && tok; tok = strtok_r(NULL, ",", &save))
+        ok = l->n < MAX_LIST && cli_int_in(tok, 1, (long long)f->max, &l->v[l->n++]);
     free(copy);
-    return rc || *n == 0 ? -1 : 0;
+    if (!ok || l->n == 0)
+        snprintf(why, cap, "--%s expects up to %d comma-separated numbers from 1 to %.0f, got '%s'", f->name, MAX_LIST,
+                 f->max, value);
+    return ok && l->n > 0;
 }
 
-static int parse_kinds(const char *s, blade_semcache_index *out, int *n)
+typedef struct kind_list {
+    blade_semcache_index v[MAX_LIST];
+    int n;
+} kind_list;
+
+static bool parse_kinds(const cli_flag *f, const char *value, void *dest, char *why, size_t cap)
 {
     static const char *const names[] = {"auto", "exact", "hnsw"};
-    *n = 0;
-    char *copy = strdup(s), *save = NULL;
-    int rc = 0;
-    for (char *tok = strtok_r(copy, ",", &save); tok && !rc; tok = strtok_r(NULL, ",", &save)) {
+    kind_list *l = dest;
+    l->n = 0;
+    char *copy = strdup(value), *save = NULL;
+    bool ok = copy != NULL;
+    for (char *tok = ok ? strtok_r(copy, ",", &save) : NULL; ok && tok; tok = strtok_r(NULL, ",", &save)) {
         int k = -1;
         for (int i = 0; i < 3; i++)
             if (!strcmp(tok, names[i]))
                 k = i;
-        if (k < 0 || *n >= MAX_LIST) {
-            fprintf(stderr, "error: --index expects exact, hnsw or auto, got '%s'\n", tok);
-            rc = -1;
-        } else {
-            out[(*n)++] = (blade_semcache_index)k;
-        }
+        ok = k >= 0 && l->n < MAX_LIST;
+        if (ok)
+            l->v[l->n++] = (blade_semcache_index)k;
     }
     free(copy);
-    return rc || *n == 0 ? -1 : 0;
+    if (!ok || l->n == 0)
+        snprintf(why, cap, "--%s expects a comma-separated list of exact, hnsw and auto, got '%s'", f->name, value);
+    return ok && l->n > 0;
 }
 
 static const char *kind_name(blade_semcache_index k)
@@ -309,88 +292,91 @@ static int run_one(const options *o, const data *d, int64_t n, blade_semcache_in
     return rc;
 }
 
-int cmd_bench_semcache(int argc, char **argv)
+typedef struct semcache_options {
+    num_list entries, dims;
+    kind_list kinds;
+    long long queries, partitions, response_bytes, exact_scan_max, hnsw_m, ef_construction, ef_search;
+    double threshold;
+    bool json;
+} semcache_options;
+
+static void semcache_init(void *opts)
 {
-    static const struct option longopts[] = {
-        {"entries", required_argument, 0, 'n'},       {"dim", required_argument, 0, 'd'},
-        {"index", required_argument, 0, 'i'},         {"queries", required_argument, 0, 'q'},
-        {"partitions", required_argument, 0, 'P'},    {"response-bytes", required_argument, 0, 'B'},
-        {"threshold", required_argument, 0, 'T'},     {"exact-scan-max", required_argument, 0, 'X'},
-        {"hnsw-m", required_argument, 0, 'M'},        {"ef-construction", required_argument, 0, 'C'},
-        {"ef-search", required_argument, 0, 'S'},     {"json", no_argument, 0, 'J'},
-        {"help", no_argument, 0, 'h'},                {0, 0, 0, 0},
-    };
-    long long entries[MAX_LIST] = {1000, 10000, 100000}, dims[MAX_LIST] = {64, 2048}, v;
-    int n_entries = 3, n_dims = 2, n_kinds = 3;
-    blade_semcache_index kinds[MAX_LIST] = {BLADE_SEMCACHE_INDEX_EXACT, BLADE_SEMCACHE_INDEX_HNSW,
-                                            BLADE_SEMCACHE_INDEX_AUTO};
-    options o = {.queries = 1000, .partitions = 1, .response_bytes = 1000, .threshold = 0.95,
-                 .base = blade_semcache_config_default(0)};
-    bool json = false;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'n':
-            if (parse_list("--entries", optarg, 1, 10000000, entries, &n_entries))
-                return 2;
-            break;
-        case 'd':
-            if (parse_list("--dim", optarg, 1, 65536, dims, &n_dims))
-                return 2;
-            break;
-        case 'i':
-            if (parse_kinds(optarg, kinds, &n_kinds))
-                return 2;
-            break;
-        case 'q':
-            if (!cli_parse_int("--queries", optarg, 1, 1000000, &v))
-                return 2;
-            o.queries = (int)v;
-            break;
-        case 'P':
-            if (!cli_parse_int("--partitions", optarg, 1, 1000000, &v))
-                return 2;
-            o.partitions = (int)v;
-            break;
-        case 'B':
-            if (!cli_parse_int("--response-bytes", optarg, 0, 1 << 24, &v))
-                return 2;
-            o.response_bytes = (int)v;
-            break;
-        case 'T':
-            if (!cli_parse_float("--threshold", optarg, 1e-6, 1.0, &o.threshold))
-                return 2;
-            break;
-        case 'X':
-            if (!cli_parse_int("--exact-scan-max", optarg, 1, INT32_MAX, &v))
-                return 2;
-            o.base.exact_scan_max = (int32_t)v;
-            break;
-        case 'M':
-            if (!cli_parse_int("--hnsw-m", optarg, 2, 256, &v))
-                return 2;
-            o.base.hnsw_m = (int32_t)v;
-            break;
-        case 'C':
-            if (!cli_parse_int("--ef-construction", optarg, 1, 10000, &v))
-                return 2;
-            o.base.hnsw_ef_construction = (int32_t)v;
-            break;
-        case 'S':
-            if (!cli_parse_int("--ef-search", optarg, 1, 10000, &v))
-                return 2;
-            o.base.hnsw_ef_search = (int32_t)v;
-            break;
-        case 'J': json = true; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (optind != argc) {
-        usage(stderr);
-        return 2;
-    }
+    semcache_options *o = opts;
+    o->entries = (num_list){{1000, 10000, 100000}, 3};
+    o->dims = (num_list){{64, 2048}, 2};
+    o->kinds = (kind_list){{BLADE_SEMCACHE_INDEX_EXACT, BLADE_SEMCACHE_INDEX_HNSW, BLADE_SEMCACHE_INDEX_AUTO}, 3};
+    o->queries = 1000;
+    o->partitions = 1;
+    o->response_bytes = 1000;
+    o->threshold = 0.95;
+}
+
+#define O semcache_options
+static const cli_flag semcache_flags[] = {
+    {.name = "entries", .kind = CLI_CUSTOM, CLI_AT(O, entries), .parse = parse_nums, .max = 10000000,
+     .metavar = "LIST", .dflt = "1000,10000,100000", .help = "cache sizes"},
+    {.name = "dim", .kind = CLI_CUSTOM, CLI_AT(O, dims), .parse = parse_nums, .max = 65536, .metavar = "LIST",
+     .dflt = "64,2048", .help = "embedding dimensions"},
+    {.name = "index", .kind = CLI_CUSTOM, CLI_AT(O, kinds), .parse = parse_kinds, .metavar = "LIST",
+     .dflt = "exact,hnsw,auto", .help = "index kinds: exact, hnsw, auto"},
+    {.name = "queries", .kind = CLI_INT, CLI_AT(O, queries), .min = 1, .max = 1000000, .metavar = "N",
+     .help = "queries of each kind"},
+    {.name = "partitions", .kind = CLI_INT, CLI_AT(O, partitions), .min = 1, .max = 1000000, .metavar = "P",
+     .help = "spread the entries over P tenants"},
+    {.name = "response-bytes", .kind = CLI_INT, CLI_AT(O, response_bytes), .min = 0, .max = 1 << 24,
+     .metavar = "B", .help = "stored response size"},
+    {.name = "threshold", .kind = CLI_DOUBLE, CLI_AT(O, threshold), .min = 1e-6, .max = 1, .metavar = "T",
+     .help = "similarity threshold"},
+    {.name = "exact-scan-max", .kind = CLI_INT, CLI_AT(O, exact_scan_max), .min = 1, .max = INT32_MAX,
+     .metavar = "N", .dflt = "the cache's", .help = "AUTO's switch point in entries"},
+    {.name = "hnsw-m", .kind = CLI_INT, CLI_AT(O, hnsw_m), .min = 2, .max = 256, .metavar = "M",
+     .dflt = "the cache's", .help = "links per graph node"},
+    {.name = "ef-construction", .kind = CLI_INT, CLI_AT(O, ef_construction), .min = 1, .max = 10000,
+     .metavar = "E", .dflt = "the cache's", .help = "candidate list while building"},
+    {.name = "ef-search", .kind = CLI_INT, CLI_AT(O, ef_search), .min = 1, .max = 10000, .metavar = "E",
+     .dflt = "the cache's", .help = "candidate list while searching"},
+    {.name = "json", .kind = CLI_BOOL, CLI_AT(O, json), .help = "one JSON object instead of the table"},
+    {0},
+};
+#undef O
+
+static int semcache_main(int argc, char **argv);
+
+const cli_command cli_cmd_bench_semcache = {
+    .name = "bench semantic-cache",
+    .summary = "the semantic cache's lookup latency and memory per entry",
+    .synopsis = "[--entries LIST] [--dim LIST] [--index LIST] [options]",
+    .about = "Fills a semantic cache with synthetic clustered embeddings and measures, per index kind:\n"
+             "  insert     mean time to store one entry (graph building included)\n"
+             "  near p50/p99   lookup latency of near-duplicate queries (the semantic-hit path)\n"
+             "  fresh p50/p99  lookup latency of fresh queries (the miss path)\n"
+             "  exact p50  lookup latency of a repeated request (the exact tier)\n"
+             "  recall     near-duplicate queries answered, against the exact scan's 100%\n"
+             "  RSS/entry  resident memory added per entry; accounted: the cache's own count\n"
+             "Hold the benchmark lock on a shared machine (flock /tmp/blade-bench.lock ...).\n",
+    .tables = (const cli_table[]){{semcache_flags, 0}, {0}},
+    .opts_size = sizeof(semcache_options),
+    .init = semcache_init,
+    .main = semcache_main,
+};
+
+static int semcache_main(int argc, char **argv)
+{
+    semcache_options so;
+    int prc = cli_parse(&cli_cmd_bench_semcache, argc, argv, &so);
+    if (prc != CLI_RUN)
+        return prc;
+    const long long *entries = so.entries.v, *dims = so.dims.v;
+    const blade_semcache_index *kinds = so.kinds.v;
+    int n_entries = so.entries.n, n_dims = so.dims.n, n_kinds = so.kinds.n;
+    options o = {.queries = (int)so.queries, .partitions = (int)so.partitions, .response_bytes = (int)so.response_bytes,
+                 .threshold = so.threshold, .base = blade_semcache_config_default(0)};
+    o.base.exact_scan_max = (int32_t)so.exact_scan_max;
+    o.base.hnsw_m = (int32_t)so.hnsw_m;
+    o.base.hnsw_ef_construction = (int32_t)so.ef_construction;
+    o.base.hnsw_ef_search = (int32_t)so.ef_search;
+    bool json = so.json;
     const char *isa = blade_isa_name(blade_isa_active());
     if (json)
         printf("{\"isa\": \"%s\", \"queries\": %d, \"partitions\": %d, \"response_bytes\": %d, \"results\": [", isa,

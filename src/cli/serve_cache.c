@@ -3,7 +3,6 @@
 #include "cli/serve_cache.h"
 
 #include "blade/model.h"
-#include "cli/cli_util.h"
 
 #include <openssl/evp.h>
 #include <stdlib.h>
@@ -12,84 +11,49 @@
 void cli_serve_cache_init(cli_serve_cache *o)
 {
     memset(o, 0, sizeof *o);
-    o->cfg = blade_semcache_config_default(0);
+    blade_semcache_config d = blade_semcache_config_default(0);
     o->pooling = BLADE_POOL_MODEL;
+    o->threshold = d.threshold;
+    o->ttl_s = d.ttl_s;
+    o->max_entries = d.max_entries;
+    o->max_bytes = (size_t)d.max_bytes;
+    o->index = d.index;
 }
 
-int cli_serve_cache_option(cli_serve_cache *o, int code, const char *arg)
-{
-    long long n;
-    double x;
-    switch (code) {
-    case OPT_SEMCACHE: o->on = true; return 1;
-    case OPT_SEMCACHE_THRESHOLD:
-        if (!cli_parse_float("--semantic-threshold", arg, 1e-6, 1, &x))
-            return -1;
-        o->cfg.threshold = (float)x;
-        return 1;
-    case OPT_SEMCACHE_ENTRIES:
-        if (!cli_parse_int("--semantic-cache-entries", arg, 1, 1LL << 32, &n))
-            return -1;
-        o->cfg.max_entries = n;
-        return 1;
-    case OPT_SEMCACHE_MIB:
-        if (!cli_parse_int("--semantic-cache-mib", arg, 1, 1LL << 20, &n))
-            return -1;
-        o->cfg.max_bytes = n << 20;
-        return 1;
-    case OPT_SEMCACHE_TTL:
-        if (!cli_parse_float("--semantic-cache-ttl", arg, 0, 1e9, &x))
-            return -1;
-        o->cfg.ttl_s = x;
-        return 1;
-    case OPT_SEMCACHE_DB: o->cfg.db_path = arg; return 1;
-    case OPT_SEMCACHE_INDEX:
-        if (!strcmp(arg, "auto"))
-            o->cfg.index = BLADE_SEMCACHE_INDEX_AUTO;
-        else if (!strcmp(arg, "exact"))
-            o->cfg.index = BLADE_SEMCACHE_INDEX_EXACT;
-        else if (!strcmp(arg, "hnsw"))
-            o->cfg.index = BLADE_SEMCACHE_INDEX_HNSW;
-        else
-            return fprintf(stderr, "error: --semantic-cache-index expects auto, exact or hnsw, got '%s'\n", arg), -1;
-        return 1;
-    case OPT_EMBED_MODEL: o->embed_model_path = arg; return 1;
-    case OPT_EMBED_POOLING:
-        if (!strcmp(arg, "model"))
-            o->pooling = BLADE_POOL_MODEL;
-        else if (!strcmp(arg, "mean"))
-            o->pooling = BLADE_POOL_MEAN;
-        else if (!strcmp(arg, "last"))
-            o->pooling = BLADE_POOL_LAST;
-        else
-            return fprintf(stderr, "error: --embed-pooling expects model, mean or last, got '%s'\n", arg), -1;
-        return 1;
-    default: return 0;
-    }
-}
+static const cli_choice poolings[] = {
+    {"model", BLADE_POOL_MODEL}, {"mean", BLADE_POOL_MEAN}, {"last", BLADE_POOL_LAST}, {0}};
+static const cli_choice indexes[] = {
+    {"auto", BLADE_SEMCACHE_INDEX_AUTO}, {"exact", BLADE_SEMCACHE_INDEX_EXACT}, {"hnsw", BLADE_SEMCACHE_INDEX_HNSW}, {0}};
 
-void cli_serve_cache_usage(FILE *out)
-{
-    fprintf(out,
-            "embeddings (POST /v1/embeddings) and the semantic cache:\n"
-            "      --embed-model FILE   GGUF model for embeddings and the cache's similarity (default:\n"
-            "                           the served model)\n"
-            "      --embed-pooling P    model (the GGUF's pooling_type key, else mean), mean or last\n"
-            "                           (default model)\n"
-            "      --semantic-cache     answer repeated requests (exact tier) and near-repeats (cosine\n"
-            "                           similarity of the prompts' embeddings) without running the\n"
-            "                           model; per tenant (bearer key + cache_salt); only greedy\n"
-            "                           answers that ended with stop, or requests with\n"
-            "                           \"semantic_cache\": true, are stored; false bypasses it\n"
-            "      --semantic-threshold X  cosine similarity a semantic hit needs (default 0.95)\n"
-            "      --semantic-cache-entries N  capacity in entries (default 10000)\n"
-            "      --semantic-cache-mib N  capacity in MiB (default 256)\n"
-            "      --semantic-cache-ttl SECONDS  entries expire after this, 0 = never (default 86400)\n"
-            "      --semantic-cache-db FILE  persist to this SQLite file (a damaged one is set aside\n"
-            "                           with a warning and the cache starts empty)\n"
-            "      --semantic-cache-index I  auto (exact scan while small, HNSW when large), exact or\n"
-            "                           hnsw (default auto)\n\n");
-}
+#define C cli_serve_cache
+const cli_flag cli_serve_cache_flags[] = {
+    CLI_SECTION("embeddings (POST /v1/embeddings)"),
+    {.name = "embed-model", .kind = CLI_PATH, CLI_AT(C, embed_model_path), .metavar = "FILE",
+     .dflt = "the served model", .help = "GGUF model for embeddings and the semantic cache's similarity"},
+    {.name = "embed-pooling", .kind = CLI_ENUM, CLI_AT(C, pooling), .choices = poolings,
+     .help = "model: the GGUF's {arch}.pooling_type key, else mean; mean or last token"},
+    CLI_SECTION("semantic cache"),
+    {.name = "semantic-cache", .kind = CLI_BOOL, CLI_AT(C, on),
+     .help = "answer repeated requests (exact tier) and near-repeats (cosine similarity of the prompts' "
+             "embeddings) without running the model; per tenant (bearer key + cache_salt); only greedy "
+             "answers that ended with stop, or requests with \"semantic_cache\": true, are stored, and "
+             "\"semantic_cache\": false bypasses it"},
+    {.name = "semantic-threshold", .kind = CLI_DOUBLE, CLI_AT(C, threshold), .min = 1e-6, .max = 1, .metavar = "X",
+     .help = "cosine similarity a semantic hit needs"},
+    {.name = "semantic-cache-entries", .kind = CLI_INT, CLI_AT(C, max_entries), .min = 1, .max = 1LL << 32,
+     .metavar = "N", .help = "capacity in entries"},
+    {.name = "semantic-cache-size", .kind = CLI_SIZE, CLI_AT(C, max_bytes), .min = 4096, .max = 0x1p40,
+     .metavar = "SIZE", .help = "capacity in bytes (K/M/G suffix)"},
+    {.name = "semantic-cache-ttl", .kind = CLI_DOUBLE, CLI_AT(C, ttl_s), .min = 0, .max = 1e9, .metavar = "SECONDS",
+     .help = "entries expire this long after being stored; 0 = never"},
+    {.name = "semantic-cache-db", .kind = CLI_PATH, CLI_AT(C, db_path), .metavar = "FILE",
+     .help = "persist to this SQLite file (a damaged one is moved aside with a warning and the cache starts "
+             "empty)"},
+    {.name = "semantic-cache-index", .kind = CLI_ENUM, CLI_AT(C, index), .choices = indexes,
+     .help = "auto: an exact scan while a partition is small, an HNSW graph (hnswlib) when large"},
+    {0},
+};
+#undef C
 
 /* The embedder's name: a digest of the embedding model's metadata and tensor table, and
  * the pooling, so a database written with other vectors is set aside. */
@@ -119,8 +83,14 @@ int cli_serve_cache_start(cli_serve_cache *o, api_model *am, const cli_engine_op
         return 0;
     blade_pooling resolved = o->pooling == BLADE_POOL_MODEL ? blade_engine_pooling(am->embed_engine) : o->pooling;
     embedder_name(am->embed_model, resolved, o->embedder, sizeof o->embedder);
-    o->cfg.dim = am->embed_model->hp.n_embd;
+    o->cfg = blade_semcache_config_default(am->embed_model->hp.n_embd);
     o->cfg.embedder = o->embedder;
+    o->cfg.threshold = (float)o->threshold;
+    o->cfg.ttl_s = o->ttl_s;
+    o->cfg.max_entries = o->max_entries;
+    o->cfg.max_bytes = (int64_t)o->max_bytes;
+    o->cfg.index = o->index;
+    o->cfg.db_path = o->db_path;
     if (!(o->cache = blade_semcache_open(&o->cfg, err)))
         return blade_error_prefix(err, "--semantic-cache");
     return 0;
@@ -138,8 +108,8 @@ void cli_serve_cache_describe(FILE *out, const cli_serve_cache *o, const api_mod
     }
     blade_semcache_stats st;
     blade_semcache_get_stats(o->cache, &st);
-    fprintf(out, "semantic cache: threshold %g, %lld entries or %lld MiB, TTL %g s, %s%s; %lld entries loaded\n",
-            (double)o->cfg.threshold, (long long)o->cfg.max_entries, (long long)(o->cfg.max_bytes >> 20), o->cfg.ttl_s,
+    fprintf(out, "semantic cache: threshold %g, %lld entries or %lld KiB, TTL %g s, %s%s; %lld entries loaded\n",
+            (double)o->cfg.threshold, (long long)o->cfg.max_entries, (long long)(o->cfg.max_bytes >> 10), o->cfg.ttl_s,
             o->cfg.db_path ? "database " : "memory only", o->cfg.db_path ? o->cfg.db_path : "", (long long)st.entries);
 }
 
