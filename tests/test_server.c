@@ -6,11 +6,13 @@
 
 #include "blade/chat_template.h"
 #include "blade/model.h"
+#include "blade/synth.h"
 #include "blade/tokenizer.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -389,6 +391,128 @@ static json_t *cached_post(int port, const char *key, const char *body, char *hd
 }
 
 #define GREEDY(prompt, extra) "{\"prompt\": \"" prompt "\", \"max_tokens\": 60, \"temperature\": 0, \"stop\": [\".\"]" extra "}"
+
+/* ---- embeddings ---- */
+
+static void expect_400(int port, const char *body, const char *param, const char *words)
+{
+    resp r;
+    post(port, "/v1/embeddings", body, &r);
+    if (r.status != 400 || !strstr(r.body, words))
+        fail_msg("%s -> %d %s (expected 400 with '%s')", body, r.status, r.body, words);
+    json_t *j = body_json(&r);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "param")), param);
+    json_decref(j);
+    resp_free(&r);
+}
+
+static double vec_norm(json_t *v)
+{
+    double n = 0;
+    for (size_t i = 0; i < json_array_size(v); i++)
+        n += json_real_value(json_array_get(v, i)) * json_real_value(json_array_get(v, i));
+    return sqrt(n);
+}
+
+/* /v1/embeddings on the main server: token ids and text give the same vector for the same
+ * tokens, usage counts them, and every malformed input is a 400 naming 'input' (or the
+ * parameter at fault). */
+static void test_embeddings_api(void **state)
+{
+    (void)state;
+    int port = g_main.port;
+    json_t *a = post_ok(port, "/v1/embeddings", "{\"input\": \"Once upon a time\", \"model\": \"stories\"}");
+    json_t *va = json_object_get(json_array_get(json_object_get(a, "data"), 0), "embedding");
+    assert_int_equal(json_array_size(va), 64);
+    assert_true(fabs(vec_norm(va) - 1) < 1e-5);
+    long long n = usage_field(a, "prompt_tokens");
+    assert_int_equal(usage_field(a, "total_tokens"), n);
+    /* the same tokens as ids */
+    blade_model *m = load_model(g_model);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    blade_error err = {{0}};
+    assert_int_equal(blade_tokenizer_encode(m->tokenizer, "Once upon a time", 16, true, true, &ids, &n_ids, &err), 0);
+    blade_model_free(m);
+    char body[512];
+    int at = snprintf(body, sizeof body, "{\"input\": [[");
+    for (size_t i = 0; i < n_ids; i++)
+        at += snprintf(body + at, sizeof body - (size_t)at, "%s%d", i ? "," : "", ids[i]);
+    snprintf(body + at, sizeof body - (size_t)at, "], \"Lily\"]}");
+    free(ids);
+    assert_int_equal((long long)n_ids, n);
+    json_t *b = post_ok(port, "/v1/embeddings", body);
+    assert_true(json_equal(json_object_get(json_array_get(json_object_get(b, "data"), 0), "embedding"), va));
+    assert_int_equal(json_array_size(json_object_get(b, "data")), 2);
+    json_decref(a);
+    json_decref(b);
+
+    expect_400(port, "{}", "input", "'input' is required");
+    expect_400(port, "{\"input\": 5}", "input", "must be a string, an array of strings");
+    expect_400(port, "{\"input\": []}", "input", "empty array");
+    expect_400(port, "{\"input\": [\"a\", \"\"]}", "input", "'input[1]' is an empty string");
+    expect_400(port, "{\"input\": [1, \"a\"]}", "input", "must be a token id");
+    expect_400(port, "{\"input\": [[1, 100000]]}", "input", "between 0 and 511");
+    expect_400(port, "{\"input\": [{}]}", "input", "'input[0]' must be a string or an array of token ids");
+    expect_400(port, "{\"input\": \"x\", \"encoding_format\": \"hex\"}", "encoding_format", "'encoding_format' must be");
+    expect_400(port, "{\"input\": \"x\", \"dimensions\": 0}", "dimensions", "between 1 and 64");
+    expect_400(port, "{\"input\": \"x\", \"user\": 3}", "user", "must be a string");
+    /* a whole context of tokens is an input (nothing is generated), one more is not */
+    size_t cap = 2049 * 8 + 64;
+    char *big = malloc(cap);
+    at = snprintf(big, cap, "{\"input\": [");
+    for (int i = 0; i < 2049; i++)
+        at += snprintf(big + at, cap - (size_t)at, "%s%d", i ? "," : "", 3 + i % 400);
+    snprintf(big + at, cap - (size_t)at, "]}");
+    expect_400(port, big, "input", "maximum context length is 2048");
+    char *comma = strrchr(big, ',');
+    snprintf(comma, cap - (size_t)(comma - big), "]}");
+    json_decref(post_ok(port, "/v1/embeddings", big));
+    free(big);
+}
+
+/* --embed-model: embeddings (and the cache's similarity) from another model, the prompt's
+ * text tokenized again for it. */
+static void test_embed_model(void **state)
+{
+    (void)state;
+    char *path = temp_path("server-embedder.gguf");
+    blade_synth_spec spec = {
+        .arch = BLADE_ARCH_LLAMA, .n_vocab = 512, .n_embd = 32, .n_layer = 2, .n_head = 2, .n_head_kv = 1,
+        .head_dim = 16, .n_ff = 64, .n_ctx = 512, .rope_base = 10000.0f, .weight_type = BLADE_TYPE_F32, .seed = 3,
+        .vocab_path = g_model,
+    };
+    blade_error err = {{0}};
+    if (blade_synth_write(&spec, path, false, &err))
+        fail_msg("%s", err.msg);
+    char args[1024];
+    snprintf(args, sizeof args, "--embed-model '%s' --embed-pooling last --semantic-cache", path);
+    srv_start(&g_extra, args);
+    assert_non_null(strstr(g_extra.log, "last pooling, 32 dimensions"));
+    int port = g_extra.port;
+    resp r;
+    http_ex(port, "POST", "/v1/embeddings", NULL, "{\"input\": \"Once upon a time\"}", 29, false, &r);
+    assert_int_equal(r.status, 200);
+    json_t *j = body_json(&r);
+    json_t *v = json_object_get(json_array_get(json_object_get(j, "data"), 0), "embedding");
+    assert_int_equal(json_array_size(v), 32);
+    assert_true(fabs(vec_norm(v) - 1) < 1e-5);
+    json_decref(j);
+    resp_free(&r);
+    char h[128];
+    json_t *first = cached_post(port, "k", GREEDY("Once upon a time", ""), h, sizeof h);
+    assert_string_equal(h, "");
+    json_t *again = cached_post(port, "k", GREEDY("Once upon a time", ""), h, sizeof h);
+    assert_string_equal(h, "hit; tier=exact; similarity=1.0000");
+    assert_string_equal(choice_text(again, 0), choice_text(first, 0));
+    json_decref(first);
+    json_decref(again);
+    assert_int_equal(metric(port, "blade:semantic_cache_inserts_total"), 1);
+    assert_int_equal(srv_stop(&g_extra), 0);
+    remove(path);
+    free(path);
+}
+
 
 /* A greedy answer is stored and given back to the same tenant only: another key, another
  * cache_salt, "semantic_cache": false and an unstored sampled request all miss; a hit
@@ -1543,6 +1667,8 @@ int main(void)
         cmocka_unit_test(test_disconnects_free_blocks),
         cmocka_unit_test_teardown(test_limits, stop_extra),
         cmocka_unit_test_teardown(test_drain, stop_extra),
+        cmocka_unit_test(test_embeddings_api),
+        cmocka_unit_test_teardown(test_embed_model, stop_extra),
         cmocka_unit_test_teardown(test_semantic_cache_tenants, stop_extra),
         cmocka_unit_test_teardown(test_semantic_cache_eviction_ttl, stop_extra),
         cmocka_unit_test_teardown(test_semantic_cache_persistence, stop_extra),
