@@ -7,8 +7,6 @@
 
 #include "blade/engine.h"
 #include "blade/model.h"
-#include "blade/synth.h"
-#include "blade/types.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -52,16 +50,7 @@ static void on_event(const blade_token_event *ev)
 
 static char *small_model(void)
 {
-    char *path = temp_path("embed-model.gguf");
-    blade_synth_spec s = {
-        .arch = BLADE_ARCH_LLAMA, .n_vocab = 400, .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2,
-        .head_dim = 16, .n_ff = 128, .n_ctx = 2048, .rope_base = 10000.0f, .weight_type = BLADE_TYPE_Q8_0,
-        .seed = 11,
-    };
-    blade_error err = {{0}};
-    if (blade_synth_write(&s, path, false, &err))
-        fail_msg("%s", err.msg);
-    return path;
+    return synth_small_model("embed-model.gguf", 11);
 }
 
 static blade_engine *engine_with(const blade_model *m, int32_t kv_blocks, int32_t budget, int32_t max_seqs,
