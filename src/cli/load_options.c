@@ -94,7 +94,7 @@ const cli_flag cli_load_flags[] = {
              "swap of neighbouring words, casing, punctuation), nearly miss one (one word replaced: alike, "
              "asking something else) or are fresh. Prompts are --input-len words (default 12:20) of --text or "
              "the vocabulary; requests opt in with \"semantic_cache\": true, and the report counts cache hits "
-             "(X-Blade-Semantic-Cache) per kind: a near miss or fresh hit is a false hit"},
+             "(X-Blade-Semantic-Cache) per kind: a hit on a base, near-miss or fresh prompt is a false hit"},
     {.name = "exact-share", .kind = CLI_DOUBLE, CLI_AT(L, wl.exact_share), .min = 0, .max = 1, .metavar = "X",
      .dflt = "0.3", .help = "semantic: share of the requests after the pool that repeat a base prompt"},
     {.name = "reword-share", .kind = CLI_DOUBLE, CLI_AT(L, wl.reword_share), .min = 0, .max = 1, .metavar = "X",

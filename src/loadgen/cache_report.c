@@ -5,6 +5,13 @@
 #include <math.h>
 #include <string.h>
 
+/* A request no earlier one asked: a base prompt's first asking, a near miss, a fresh
+ * prompt. Any answer from the cache is another question's. */
+static bool false_hit_label(lg_label l)
+{
+    return l == LG_LABEL_BASE || l == LG_LABEL_NEAR_MISS || l == LG_LABEL_FRESH;
+}
+
 void lg_cache_report_make(const lg_run_result *res, lg_cache_report *out)
 {
     memset(out, 0, sizeof *out);
@@ -23,7 +30,7 @@ void lg_cache_report_make(const lg_run_result *res, lg_cache_report *out)
             out->exact_hits[r->label]++;
         else
             out->semantic_hits[r->label]++;
-        bool wrong = r->label == LG_LABEL_NEAR_MISS || r->label == LG_LABEL_FRESH;
+        bool wrong = false_hit_label(r->label);
         if (wrong) {
             out->false_hits++;
             if (r->cache_similarity > out->max_false_similarity)
@@ -38,7 +45,7 @@ void lg_cache_report_make(const lg_run_result *res, lg_cache_report *out)
     int64_t kept = 0;
     for (size_t i = 0; i < res->n_records; i++) {
         const lg_record *r = &res->records[i];
-        bool wrong = r->label == LG_LABEL_NEAR_MISS || r->label == LG_LABEL_FRESH;
+        bool wrong = false_hit_label(r->label);
         if (r->failure == LG_OK && r->cache_tier && !wrong &&
             (r->cache_tier == 1 || r->cache_similarity >= out->zero_false_threshold))
             kept++;

@@ -2,8 +2,8 @@
 #define BLADE_LOADGEN_CACHE_REPORT_H
 
 /* What a semantic cache did to a semantic-workload run: hits per kind of request (the
- * workload labels each), false hits (a near miss or a fresh prompt answered from the
- * cache) and, from the similarity each semantic hit reported, the lowest threshold at which
+ * workload labels each), false hits (a base prompt's first asking, a near miss or a fresh
+ * prompt answered from the cache) and, from the similarity each semantic hit reported, the lowest threshold at which
  * none of this run's false hits would have happened and the hit rate left there. */
 
 #include "loadgen/client.h"

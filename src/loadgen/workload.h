@@ -70,7 +70,7 @@ int64_t lg_workload_default_requests(const lg_workload_config *c);
 /* What a semantic-workload request is, for judging the cache's answer to it. */
 typedef enum lg_label {
     LG_LABEL_NONE = 0, /* other workloads */
-    LG_LABEL_BASE,     /* a base prompt's first asking */
+    LG_LABEL_BASE,     /* a base prompt's first asking: a hit is a false hit */
     LG_LABEL_EXACT,    /* a base prompt again, byte for byte: should hit */
     LG_LABEL_REWORD,   /* the same question reworded: may hit */
     LG_LABEL_NEAR_MISS,/* looks like a base prompt, asks something else: a hit is a false hit */
