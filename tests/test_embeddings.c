@@ -6,6 +6,7 @@
 #include "testutil.h"
 
 #include "blade/engine.h"
+#include "blade/gguf.h"
 #include "blade/model.h"
 
 #include <math.h>
@@ -313,6 +314,62 @@ static void test_model_pooling_and_limits(void **state)
     free(path);
 }
 
+/* The model's file with {arch}.pooling_type set to `type` (llama.cpp's numbering). */
+static char *with_pooling_key(const char *src, uint32_t type)
+{
+    blade_error err = {{0}};
+    gguf_file *f = gguf_open(src, &err);
+    if (!f)
+        fail_msg("%s", err.msg);
+    gguf_writer *w = gguf_writer_new();
+    gguf_writer_copy_kv(w, f);
+    gguf_writer_remove_kv(w, "general.alignment");
+    gguf_writer_set_u32(w, "llama.pooling_type", type);
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        if (gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, t->nbytes, &err))
+            fail_msg("%s", err.msg);
+    }
+    char *path = temp_path("embed-pooling-key.gguf");
+    if (gguf_writer_write(w, path, false, &err))
+        fail_msg("%s", err.msg);
+    gguf_writer_free(w);
+    gguf_close(f);
+    return path;
+}
+
+/* A GGUF whose pooling_type key says last (3) is pooled by the last token when a request
+ * asks for the model's pooling; one that says cls (2), which means nothing for a causal
+ * model, by the mean. */
+static void test_gguf_pooling_key(void **state)
+{
+    (void)state;
+    char *plain = small_model();
+    static input in[1];
+    make_inputs(in, 1);
+    uint32_t types[2] = {3, 2};
+    blade_pooling want[2] = {BLADE_POOL_LAST, BLADE_POOL_MEAN};
+    for (int k = 0; k < 2; k++) {
+        char *keyed = with_pooling_key(plain, types[k]);
+        blade_model *m = load_model(keyed);
+        blade_engine *e = engine_with(m, 200, 2048, 4, true);
+        assert_int_equal(blade_engine_pooling(e), want[k]);
+        vec_result by_model, explicit;
+        results_init(&by_model, 1);
+        results_init(&explicit, 1);
+        submit_embed(e, &in[0], BLADE_POOL_MODEL, &by_model);
+        submit_embed(e, &in[0], want[k], &explicit);
+        blade_engine_wait_idle(e);
+        assert_memory_equal(by_model.v, explicit.v, sizeof explicit.v);
+        blade_engine_free(e, true);
+        blade_model_free(m);
+        remove(keyed);
+        free(keyed);
+    }
+    remove(plain);
+    free(plain);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -320,6 +377,7 @@ int main(void)
         cmocka_unit_test(test_batch_equals_alone_last),
         cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_model_pooling_and_limits),
+        cmocka_unit_test(test_gguf_pooling_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
