@@ -579,6 +579,16 @@ static void test_semantic_cache_tenants(void **state)
     assert_non_null(strstr(body, "\"finish_reason\":\"stop\""));
     assert_non_null(strstr(body, "\"completion_tokens\":0"));
     assert_non_null(strstr(body, "data: [DONE]"));
+    /* every chunk names the hit */
+    int chunks = 0, named = 0;
+    for (const char *p = strstr(body, "data: {"); p; p = strstr(p + 1, "data: {")) {
+        chunks++;
+        const char *end = strstr(p, "\n\n");
+        const char *f = strstr(p, "\"semantic_cache\":{\"hit\":true,\"tier\":\"semantic\"");
+        named += f && end && f < end;
+    }
+    assert_true(chunks >= 3);
+    assert_int_equal(named, chunks);
     json_decref(sse);
     json_decref(first);
 

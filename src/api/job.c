@@ -100,6 +100,7 @@ static void job_destroy(api_job *job)
     free(job->prompt_tokens);
     free(job->cached_tokens);
     free(job->piece);
+    json_decref(job->note);
     api_request_free(&job->req);
     free(job);
 }
@@ -153,16 +154,21 @@ static api_job *job_new(const api_model *am, api_request *req, api_sink *sink, d
 }
 
 api_job *api_job_replay(const api_model *am, api_request *req, const char *text, size_t len,
-                        blade_finish_reason finish, api_buf *sse, api_error *err)
+                        blade_finish_reason finish, const char *note_key, json_t *note, api_buf *sse, api_error *err)
 {
     if (req->n_prompts != 1 || req->n != 1) {
+        json_decref(note);
         api_request_free(req);
         return api_error_set(err, 500, "server_error", NULL, NULL, "only a single-choice request can be replayed"),
                NULL;
     }
     api_job *job = job_new(am, req, NULL, 0, err);
-    if (!job)
+    if (!job) {
+        json_decref(note);
         return NULL;
+    }
+    job->note_key = note_key;
+    job->note = note;
     api_event ev = {.job = job, .token = -1, .finish = finish, .prompt_tokens = job->req.prompts[0].n_tokens,
                     .text = (char *)text, .text_len = len};
     job->running = 1;

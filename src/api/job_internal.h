@@ -50,6 +50,10 @@ struct api_job {
     char *piece;
     size_t piece_cap;
     void *user;
+    /* A field every object of the answer carries (the response, each stream chunk): a
+     * replayed job's semantic cache hit. NULL: none. */
+    const char *note_key;
+    json_t *note;
 };
 
 /* response.c: a job's logprobs object, empty (chat: {"content": [], "refusal": null};

@@ -140,9 +140,12 @@ static json_t *usage_json(const api_job *job)
 
 static json_t *envelope(const api_job *job, const char *object)
 {
-    return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", job->id, "object", object, "created",
-                     (json_int_t)job->created, "model", job->am->names[0], "system_fingerprint",
-                     job->am->fingerprint);
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", job->id, "object", object, "created",
+                          (json_int_t)job->created, "model", job->am->names[0], "system_fingerprint",
+                          job->am->fingerprint);
+    if (o && job->note)
+        json_object_set(o, job->note_key, job->note);
+    return o;
 }
 
 /* ---- streaming ---- */

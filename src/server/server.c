@@ -448,15 +448,15 @@ static const char *presented_key(conn *c)
 }
 
 /* Answers from the semantic cache: the stored text replayed in the request's own shape
- * (a stream when it asked for one), no token generated, the hit named in a header and, in
- * a JSON answer, a "semantic_cache" field. */
+ * (a stream when it asked for one), no token generated, the hit named in a header and in a
+ * "semantic_cache" field of the response (of every chunk, when streaming). */
 static enum MHD_Result serve_hit(conn *c, api_request *req, const blade_semcache_hit *hit)
 {
     api_error err;
     api_buf sse = {0};
     bool stream = req->stream;
-    api_job *job = api_job_replay(c->s->am, req, hit->response.text, hit->response.text_len,
-                                  cache_hit_finish(hit), stream ? &sse : NULL, &err);
+    api_job *job = api_job_replay(c->s->am, req, hit->response.text, hit->response.text_len, cache_hit_finish(hit),
+                                  "semantic_cache", cache_hit_json(hit), stream ? &sse : NULL, &err);
     if (!job)
         return respond_error(c, &err);
     started(c);
@@ -469,7 +469,6 @@ static enum MHD_Result serve_hit(conn *c, api_request *req, const blade_semcache
                                    "X-Blade-Semantic-Cache", header);
     } else {
         json_t *resp = api_job_response(job);
-        json_object_set_new(resp, "semantic_cache", cache_hit_json(hit));
         char *body = json_dumps(resp, JSON_COMPACT);
         json_decref(resp);
         ret = respond(c, 200, "application/json", body, body ? strlen(body) : 0, "X-Blade-Semantic-Cache", header);
