@@ -103,7 +103,12 @@ static long long get_int(const parsed *p, const char *name)
     case 1: return u ? *(uint8_t *)d : *(int8_t *)d;
     case 2: return u ? *(uint16_t *)d : *(int16_t *)d;
     case 4: return u ? (long long)*(uint32_t *)d : *(int32_t *)d;
-    default: return *(int64_t *)d;
+    default: {
+        /* a struct-valued destination (e.g. bench's kv_types) may sit at a 4-byte offset */
+        int64_t v;
+        memcpy(&v, d, sizeof v);
+        return v;
+    }
     }
 }
 
