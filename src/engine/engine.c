@@ -19,6 +19,21 @@ void blade_engine_config_default(blade_engine_config *c)
     c->prefix_caching = true;
     blade_sched_config_default(&c->sched);
     c->max_context = 0;
+    blade_spec_config_default(&c->spec);
+}
+
+static int validate_spec(const blade_spec_config *sc, blade_error *err)
+{
+    if (sc->mode != BLADE_SPEC_NONE && sc->mode != BLADE_SPEC_NGRAM)
+        return blade_error_set(err, "unknown speculative decoding mode %d", (int)sc->mode);
+    if (sc->mode == BLADE_SPEC_NONE)
+        return 0;
+    if (sc->k < 1 || sc->k > BLADE_SPEC_MAX_K)
+        return blade_error_set(err, "--spec-k must be between 1 and %d, got %d", BLADE_SPEC_MAX_K, sc->k);
+    if (sc->ngram_min < 1 || sc->ngram_max < sc->ngram_min)
+        return blade_error_set(err, "n-gram lengths must satisfy 1 <= --ngram-min (%d) <= --ngram-max (%d)",
+                               sc->ngram_min, sc->ngram_max);
+    return 0;
 }
 
 /* The prefix cache must never hand one model's KV to another: the model's identity is
@@ -32,6 +47,8 @@ static void model_identity(const blade_model *m, uint8_t out[BLADE_HASH_BYTES])
 
 blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *cfg, blade_error *err)
 {
+    if (validate_spec(&cfg->spec, err))
+        return NULL;
     blade_engine *e = calloc(1, sizeof *e);
     if (!e)
         return blade_error_set(err, "out of memory"), NULL;
@@ -71,10 +88,23 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
     e->kv = e->store ? blade_kv_cache_new(&kc, err) : NULL;
     e->sched = e->kv ? blade_scheduler_new(&cfg->sched, e->kv, err) : NULL;
     e->runner = e->sched ? blade_runner_new(m, e->store, e->pool, runner_tokens, err) : NULL;
-    e->batch = calloc((size_t)cfg->sched.max_seqs, sizeof *e->batch);
-    e->logits = malloc((size_t)cfg->sched.max_seqs * m->hp.n_vocab * sizeof(float));
+    /* every draft in a step is one more row of logits, and drafts count against the budget */
+    bool spec = cfg->spec.mode != BLADE_SPEC_NONE;
+    e->max_logit_rows = cfg->sched.max_seqs + (spec ? runner_tokens : 0);
+    size_t seqs = (size_t)cfg->sched.max_seqs, rows = (size_t)e->max_logit_rows;
+    e->batch = calloc(seqs, sizeof *e->batch);
+    e->logits = malloc(rows * (size_t)m->hp.n_vocab * sizeof(float));
     e->vocab.logprobs = malloc((size_t)m->hp.n_vocab * sizeof(float));
-    if (!e->runner || !e->batch || !e->logits || !e->vocab.logprobs) {
+    e->row_ids = malloc(rows * sizeof *e->row_ids);
+    e->item_row = malloc(seqs * sizeof *e->item_row);
+    e->item_out = malloc(seqs * sizeof *e->item_out);
+    e->item_bad = malloc(seqs * sizeof *e->item_bad);
+    e->spec_out = malloc(rows * sizeof *e->spec_out);
+    bool scratch = e->row_ids && e->item_row && e->item_out && e->item_bad && e->spec_out;
+    if (e->row_ids)
+        for (size_t i = 0; i < rows; i++)
+            e->row_ids[i] = (int32_t)i;
+    if (!e->runner || !e->batch || !e->logits || !e->vocab.logprobs || !scratch) {
         if (e->runner)
             blade_error_set(err, "out of memory");
         else if (!e->pool)
@@ -180,6 +210,11 @@ void blade_engine_free(blade_engine *e, bool drain)
     free(e->batch);
     free(e->logits);
     free(e->vocab.logprobs);
+    free(e->row_ids);
+    free(e->item_row);
+    free(e->item_out);
+    free(e->item_bad);
+    free(e->spec_out);
     blade_runner_free(e->runner);
     blade_scheduler_free(e->sched);
     blade_kv_cache_free(e->kv);

@@ -31,6 +31,8 @@ typedef struct request_state {
     request_output out;
     struct request_state *followers; /* choices 1..n-1, started once choice 0 has the prompt cached */
     bool pin_prefix;
+    bool speculative; /* the request lets the engine draft for it */
+    bool greedy;      /* temperature 0 */
     /* Static batching only: answered in full, but its seat in the batch keeps computing
      * (tokens nobody sees) until every member has finished, as in a fixed-shape batch. */
     bool padding;
@@ -66,7 +68,16 @@ struct blade_engine {
     bool quitting; /* finishing everything for good, no seat is kept */
     request_state *live; /* every request known to the loop */
     blade_batch_seq *batch;
-    float *logits;   /* [max_seqs][n_vocab] */
+    float *logits;   /* [max_logit_rows][n_vocab] */
+    int32_t max_logit_rows; /* one per planned sequence, plus one per draft when speculating */
+    /* speculative decoding (engine thread) */
+    int32_t *row_ids;      /* 0, 1, 2, ...: the logit rows of a verify chunk */
+    int32_t *item_row;     /* [max_seqs] first logits row of each plan item */
+    int32_t *item_out;     /* [max_seqs] tokens verification produced for each item */
+    int32_t *spec_out;     /* [max_logit_rows] those tokens, at the item's rows */
+    bool *item_bad;        /* [max_seqs] verification met a row with no usable logits */
+    uint64_t spec_verifies, spec_draft_tokens, spec_accepted_tokens;
+    uint64_t spec_accept_hist[BLADE_SPEC_MAX_K + 1];
     uint64_t computed_tokens, generated_tokens, finished;
     int32_t max_running;
     const blade_kv_cache_seq **live_kv; /* scratch for invariant checks */

@@ -107,9 +107,15 @@ static void fill_usage(const request_output *o, const blade_sched_seq *seq, blad
 blade_finish_reason request_output_token(request_output *o, const output_vocab *v, const blade_sched_seq *seq,
                                          int32_t id, const float *logits)
 {
+    blade_sampler_accept(o->sampler, id, true);
+    return request_output_token_verified(o, v, seq, id, logits);
+}
+
+blade_finish_reason request_output_token_verified(request_output *o, const output_vocab *v,
+                                                  const blade_sched_seq *seq, int32_t id, const float *logits)
+{
     if (o->t_first_token == 0)
         o->t_first_token = blade_clock_seconds();
-    blade_sampler_accept(o->sampler, id, true);
     o->n_generated++;
 
     blade_token_event ev = {0};

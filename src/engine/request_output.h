@@ -67,6 +67,10 @@ int32_t request_output_sample(request_output *o, const float *logits);
 blade_finish_reason request_output_token(request_output *o, const output_vocab *v, const blade_sched_seq *seq,
                                          int32_t id, const float *logits);
 
+/* The same for a token that verification already recorded in the sampler's history. */
+blade_finish_reason request_output_token_verified(request_output *o, const output_vocab *v,
+                                                  const blade_sched_seq *seq, int32_t id, const float *logits);
+
 /* The last event of a choice that ends without a token (abort, error): token -1, no
  * text. */
 void request_output_finish(request_output *o, const blade_sched_seq *seq, blade_finish_reason why,

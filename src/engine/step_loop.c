@@ -5,6 +5,7 @@
  * thread; it meets the callers only in take_incoming and publish_stats. */
 
 #include "engine/engine_internal.h"
+#include "engine/spec_verify.h"
 
 #include "common/clock.h"
 
@@ -140,6 +141,90 @@ static bool emit_token(blade_engine *e, request_state *r, const float *logits)
     return true;
 }
 
+/* Emits a token that verification chose (and recorded in the sampler) from one of a verify
+ * chunk's rows. Returns true when the choice is finished, as emit_token does. */
+static bool emit_verified(blade_engine *e, request_state *r, int32_t id, const float *logits)
+{
+    release_followers(e, r);
+    r->tokens[r->seq.n_tokens++] = id;
+    e->generated_tokens++;
+    blade_finish_reason why = request_output_token_verified(&r->out, &e->vocab, &r->seq, id, logits);
+    if (why == BLADE_FINISH_NONE)
+        return false;
+    e->finished++;
+    end_request(e, r, why);
+    return true;
+}
+
+/* ---- speculative decoding ---- */
+
+/* Drafts this step may carry for r: none unless it is decoding and allowed to speculate;
+ * never more than the tokens it may still produce, less the one the target always adds. */
+static int32_t draft_room(const blade_engine *e, const request_state *r)
+{
+    const blade_spec_config *sc = &e->cfg.spec;
+    if (sc->mode == BLADE_SPEC_NONE || e->cfg.sched.mode == BLADE_SCHED_STATIC || !r->speculative || r->padding ||
+        r->seq.state != BLADE_SEQ_RUNNING || r->seq.n_tokens - r->seq.n_computed != 1)
+        return 0;
+    /* sampled requests need the rejection rule, which this drafter does not run yet */
+    if (!r->greedy)
+        return 0;
+    int32_t room = r->seq.max_total - r->seq.n_tokens;
+    int32_t left = r->out.max_tokens - r->out.n_generated;
+    room = (room < left ? room : left) - 1;
+    return room < sc->k ? room : sc->k;
+}
+
+/* Puts each speculating sequence's drafts after its last token, where the plan finds them. */
+static void propose_drafts(blade_engine *e)
+{
+    const blade_spec_config *sc = &e->cfg.spec;
+    for (request_state *r = e->live; r; r = r->next_live) {
+        r->seq.n_draft = 0;
+        int32_t k = draft_room(e, r);
+        if (k > 0)
+            r->seq.n_draft = blade_ngram_propose(r->tokens, r->seq.n_tokens, sc->ngram_min, sc->ngram_max, k,
+                                                 r->tokens + r->seq.n_tokens);
+    }
+}
+
+/* Decides, for every planned verify chunk, which tokens the step produces, and tells the
+ * plan how many drafts each keeps (commit reads it). */
+static void verify_drafts(blade_engine *e, blade_sched_plan *plan)
+{
+    const int32_t n_vocab = e->m->hp.n_vocab;
+    for (int32_t i = 0; i < plan->n_items; i++) {
+        blade_sched_item *it = &plan->items[i];
+        if (it->n_draft == 0)
+            continue;
+        request_state *r = (request_state *)it->seq;
+        int32_t row = e->item_row[i];
+        int32_t m = spec_verify_greedy(r->out.sampler, e->logits + (size_t)row * n_vocab, n_vocab,
+                                       r->tokens + r->seq.n_tokens, it->n_draft, e->spec_out + row,
+                                       &e->item_bad[i]);
+        e->item_out[i] = m;
+        it->n_accepted = m > 0 ? m - 1 : 0;
+        e->spec_verifies++;
+        e->spec_draft_tokens += (uint64_t)it->n_draft;
+        e->spec_accepted_tokens += (uint64_t)it->n_accepted;
+        e->spec_accept_hist[it->n_accepted]++;
+    }
+}
+
+/* Emits the tokens verification chose for item i, stopping at the first that finishes the
+ * choice (the rest are dropped as if rejected). */
+static void emit_verified_run(blade_engine *e, const blade_sched_plan *plan, int32_t i)
+{
+    const int32_t n_vocab = e->m->hp.n_vocab;
+    request_state *r = (request_state *)plan->items[i].seq;
+    int32_t row = e->item_row[i];
+    for (int32_t j = 0; j < e->item_out[i]; j++)
+        if (emit_verified(e, r, e->spec_out[row + j], e->logits + (size_t)(row + j) * n_vocab))
+            return;
+    if (e->item_bad[i])
+        finish(e, r, BLADE_FINISH_ERROR, "the model produced no usable logits (all NaN or -inf)");
+}
+
 /* ---- the step ---- */
 
 /* Moves submitted choices onto the live list and carries out the aborts asked for. */
@@ -198,6 +283,7 @@ static void run_step(blade_engine *e)
     end_padding(e);
 
     /* plan */
+    propose_drafts(e);
     blade_sched_plan plan;
     blade_scheduler_schedule(e->sched, &plan);
     for (int32_t i = 0; i < plan.n_rejected; i++)
@@ -206,23 +292,29 @@ static void run_step(blade_engine *e)
     if (plan.n_items == 0)
         return;
 
-    /* one ragged batch: each planned sequence's next chunk, one logits row where it ends */
+    /* one ragged batch: each planned sequence's next chunk, one logits row where it ends,
+     * or one per row of a verify chunk (its real token and each draft) */
     const int32_t n_vocab = e->m->hp.n_vocab;
     double t = blade_clock_seconds();
+    int32_t rows = 0;
     for (int32_t i = 0; i < plan.n_items; i++) {
         blade_sched_item *it = &plan.items[i];
         request_state *r = (request_state *)it->seq;
         if (r->out.t_scheduled == 0)
             r->out.t_scheduled = t;
+        int32_t n_logits = it->want_logits ? 1 + it->n_draft : 0;
+        e->item_row[i] = rows;
         e->batch[i] = (blade_batch_seq){
             .tokens = r->tokens + r->seq.n_computed,
             .n_tokens = it->n_tokens,
             .pos0 = r->seq.n_computed,
             .block_table = r->seq.kv.blocks,
             .n_blocks = r->seq.kv.n_blocks,
-            .n_logits = it->want_logits ? 1 : 0,
-            .logits = e->logits + (size_t)i * n_vocab,
+            .logit_rows = it->n_draft ? e->row_ids : NULL,
+            .n_logits = n_logits,
+            .logits = e->logits + (size_t)rows * n_vocab,
         };
+        rows += n_logits;
     }
 
     /* forward */
@@ -233,18 +325,46 @@ static void run_step(blade_engine *e)
         return;
     }
 
-    /* commit, then sample and emit */
+    /* verify drafts, commit what was kept, then sample and emit */
+    verify_drafts(e, &plan);
     blade_scheduler_commit(e->sched, &plan);
     e->computed_tokens += (uint64_t)plan.n_tokens;
     if (plan.n_items > e->max_running)
         e->max_running = plan.n_items;
-    for (int32_t i = 0; i < plan.n_items; i++)
-        if (plan.items[i].want_logits)
-            emit_token(e, (request_state *)plan.items[i].seq, e->logits + (size_t)i * n_vocab);
+    for (int32_t i = 0; i < plan.n_items; i++) {
+        if (plan.items[i].n_draft)
+            emit_verified_run(e, &plan, i);
+        else if (plan.items[i].want_logits)
+            emit_token(e, (request_state *)plan.items[i].seq, e->logits + (size_t)e->item_row[i] * n_vocab);
+    }
     end_padding(e);
 }
 
 /* ---- after the step: what the callers may read ---- */
+
+/* What rollback promises: a running sequence holds no block wholly beyond its computed
+ * tokens (rejected drafts gave theirs back) and the prefix cache knows only blocks of
+ * computed tokens (never one holding a rejected draft). Paged allocation only: contiguous
+ * mode reserves a request's whole length up front. */
+static void check_rollback(blade_engine *e)
+{
+    if (e->cfg.sched.contiguous_kv || e->invariant_error[0])
+        return;
+    int32_t bs = e->cfg.block_size;
+    for (const request_state *r = e->live; r; r = r->next_live) {
+        const blade_sched_seq *q = &r->seq;
+        if (q->state != BLADE_SEQ_RUNNING)
+            continue;
+        int32_t held = (q->n_computed + bs - 1) / bs;
+        if (q->kv.n_blocks > held || q->kv.n_hashed * bs > q->n_computed) {
+            snprintf(e->invariant_error, sizeof e->invariant_error,
+                     "after step %llu: sequence %llu holds %d blocks (%d hashed) for %d computed tokens",
+                     (unsigned long long)e->invariant_checks, (unsigned long long)q->id, q->kv.n_blocks,
+                     q->kv.n_hashed, q->n_computed);
+            return;
+        }
+    }
+}
 
 static void check_invariants(blade_engine *e)
 {
@@ -266,6 +386,7 @@ static void check_invariants(blade_engine *e)
     if (blade_kv_cache_check(e->kv, e->live_kv, n, &err) && !e->invariant_error[0])
         snprintf(e->invariant_error, sizeof e->invariant_error, "after step %llu: %s",
                  (unsigned long long)e->invariant_checks, err.msg);
+    check_rollback(e);
 }
 
 static void publish_stats(blade_engine *e)
@@ -299,6 +420,10 @@ static void publish_stats(blade_engine *e)
     s->requests_finished = e->finished;
     s->max_running = e->max_running;
     s->invariant_checks = e->invariant_checks;
+    s->spec_verifies = e->spec_verifies;
+    s->spec_draft_tokens = e->spec_draft_tokens;
+    s->spec_accepted_tokens = e->spec_accepted_tokens;
+    memcpy(s->spec_accept_hist, e->spec_accept_hist, sizeof s->spec_accept_hist);
     memcpy(s->invariant_error, e->invariant_error, sizeof s->invariant_error);
     pthread_mutex_unlock(&e->mu);
 }

@@ -1,0 +1,468 @@
+/* Speculative decoding: the n-gram drafter, KV rollback, and the promise that speculation
+ * never changes a greedy token, logit or logprob. Every speculative run is compared with
+ * memcmp against the same request decoded without speculation, with speculating,
+ * opted-out, sampled and prefilling sequences sharing steps, small budgets that trim drafts,
+ * small KV pools that preempt, and 1-3 threads. */
+#include "testutil.h"
+
+#include "blade/engine.h"
+#include "blade/kv_cache.h"
+#include "blade/model.h"
+#include "blade/spec.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_GEN 64
+#define N_PROMPTS 10
+
+typedef struct result {
+    int32_t tokens[MAX_GEN + 1];
+    float logprob[MAX_GEN + 1];
+    int32_t top_ids[MAX_GEN + 1][3];
+    float top_lp[MAX_GEN + 1][3];
+    int32_t n;
+    float *logits; /* [MAX_GEN + 1][n_vocab] */
+    int32_t n_vocab;
+    blade_finish_reason finish;
+    char text[4096];
+    size_t text_len;
+    pthread_mutex_t mu;
+    bool done;
+} result;
+
+static void on_token(const blade_token_event *ev)
+{
+    result *r = ev->user;
+    pthread_mutex_lock(&r->mu);
+    if (ev->token >= 0 && r->n <= MAX_GEN) {
+        r->tokens[r->n] = ev->token;
+        r->logprob[r->n] = ev->logprob;
+        for (int j = 0; j < ev->n_top && j < 3; j++) {
+            r->top_ids[r->n][j] = ev->top_ids[j];
+            r->top_lp[r->n][j] = ev->top_logprobs[j];
+        }
+        if (ev->logits)
+            memcpy(r->logits + (size_t)r->n * r->n_vocab, ev->logits, (size_t)r->n_vocab * sizeof(float));
+        r->n++;
+    }
+    if (r->text_len + ev->text_len < sizeof r->text) {
+        memcpy(r->text + r->text_len, ev->text, ev->text_len);
+        r->text_len += ev->text_len;
+        r->text[r->text_len] = 0;
+    }
+    if (ev->finish != BLADE_FINISH_NONE) {
+        r->finish = ev->finish;
+        r->done = true;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void result_init(result *r, int32_t n_vocab)
+{
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    r->n_vocab = n_vocab;
+    r->logits = calloc((size_t)(MAX_GEN + 1) * n_vocab, sizeof(float));
+}
+
+static void result_free(result *r)
+{
+    free(r->logits);
+    pthread_mutex_destroy(&r->mu);
+}
+
+typedef struct job {
+    int32_t prompt[600];
+    int32_t n_prompt;
+    int32_t max_tokens;
+    float temperature;
+    bool speculative;
+    const char *const *stop;
+    int32_t n_stop;
+} job;
+
+/* ---- the drafter ---- */
+
+static void test_ngram_propose(void **state)
+{
+    (void)state;
+    int32_t out[8];
+    /* "5 6 7" recurs: the tokens after its most recent earlier occurrence are proposed */
+    const int32_t a[] = {1, 5, 6, 7, 8, 9, 2, 5, 6, 7, 3, 4, 5, 6, 7};
+    assert_int_equal(blade_ngram_propose(a, 15, 2, 3, 4, out), 4);
+    assert_int_equal(out[0], 3);
+    assert_int_equal(out[3], 6);
+    /* k bounds the proposal, and what follows the match may be short */
+    assert_int_equal(blade_ngram_propose(a, 15, 2, 3, 1, out), 1);
+    assert_int_equal(out[0], 3);
+    const int32_t b[] = {1, 2, 3, 9, 2, 3};
+    assert_int_equal(blade_ngram_propose(b, 6, 2, 2, 5, out), 3);
+    assert_int_equal(out[0], 9);
+    assert_int_equal(out[2], 3);
+    /* the longest suffix wins over a more recent shorter one */
+    const int32_t c[] = {4, 2, 3, 10, 7, 3, 11, 4, 2, 3};
+    assert_int_equal(blade_ngram_propose(c, 10, 1, 3, 1, out), 1);
+    assert_int_equal(out[0], 10);
+    assert_int_equal(blade_ngram_propose(c, 10, 1, 1, 1, out), 1);
+    assert_int_equal(out[0], 11);
+    /* nothing recurs, nothing to look in, nothing asked */
+    const int32_t d[] = {1, 2, 3, 4};
+    assert_int_equal(blade_ngram_propose(d, 4, 1, 3, 4, out), 0);
+    assert_int_equal(blade_ngram_propose(d, 1, 1, 3, 4, out), 0);
+    assert_int_equal(blade_ngram_propose(a, 15, 2, 3, 0, out), 0);
+    /* a run of one token predicts more of it */
+    const int32_t e[] = {7, 7, 7};
+    assert_int_equal(blade_ngram_propose(e, 3, 2, 2, 4, out), 1);
+    assert_int_equal(out[0], 7);
+}
+
+/* ---- rollback in the block manager ---- */
+
+static void test_kv_truncate(void **state)
+{
+    (void)state;
+    blade_kv_cache_config cfg = {.n_blocks = 8, .block_size = 4, .prefix_caching = true};
+    blade_error err = {{0}};
+    blade_kv_cache *c = blade_kv_cache_new(&cfg, &err);
+    assert_non_null(c);
+    blade_kv_cache_seq s;
+    blade_kv_cache_seq_init(&s, c, NULL, 0);
+    int32_t toks[20];
+    for (int i = 0; i < 20; i++)
+        toks[i] = 100 + i;
+    /* 9 tokens computed, 7 drafts verified: 4 blocks */
+    assert_int_equal(blade_kv_cache_allocate(c, &s, 16), 0);
+    assert_int_equal(s.n_blocks, 4);
+    /* one draft kept: 10 tokens, 3 blocks; the 4th block, all rejected drafts, is free */
+    blade_kv_cache_truncate(c, &s, 10);
+    blade_kv_cache_commit(c, &s, toks, 10);
+    assert_int_equal(s.n_blocks, 3);
+    assert_int_equal(s.n_hashed, 2);
+    blade_kv_cache_stats st;
+    blade_kv_cache_stats_get(c, &st);
+    assert_int_equal(st.blocks_used, 3);
+    assert_int_equal(st.blocks_free, 5);
+    /* a hashed block is never dropped, whatever the caller asks */
+    blade_kv_cache_truncate(c, &s, 3);
+    assert_int_equal(s.n_blocks, 2);
+    const blade_kv_cache_seq *live[] = {&s};
+    assert_int_equal(blade_kv_cache_check(c, live, 1, &err), 0);
+    blade_kv_cache_release(c, &s);
+    blade_kv_cache_stats_get(c, &st);
+    assert_int_equal(st.blocks_cached, 2);
+    assert_int_equal(st.blocks_free, 6);
+    blade_kv_cache_seq_destroy(&s);
+    blade_kv_cache_free(c);
+}
+
+/* ---- the engine ---- */
+
+static blade_engine *engine_new(const blade_model *m, int32_t kv_blocks, int32_t budget, int32_t threads,
+                                blade_spec_mode mode, int32_t k)
+{
+    blade_engine_config cfg;
+    blade_engine_config_default(&cfg);
+    cfg.n_threads = threads;
+    blade_kv_store_config sc = blade_model_kv_config(&m->hp, cfg.kv_type, cfg.block_size, 0);
+    cfg.kv_mem_bytes = (size_t)kv_blocks * blade_kv_store_block_bytes(&sc);
+    cfg.sched.max_batch_tokens = budget;
+    cfg.sched.max_seqs = 16;
+    cfg.check_invariants = true;
+    cfg.spec.mode = mode;
+    cfg.spec.k = k;
+    cfg.spec.ngram_min = 1;
+    cfg.spec.ngram_max = 4;
+    blade_error err = {{0}};
+    blade_engine *e = blade_engine_new(m, &cfg, &err);
+    if (!e)
+        fail_msg("%s", err.msg);
+    return e;
+}
+
+static void submit(blade_engine *e, const job *j, result *r)
+{
+    blade_request q;
+    blade_request_default(&q);
+    q.prompt_tokens = j->prompt;
+    q.n_prompt_tokens = j->n_prompt;
+    q.max_tokens = j->max_tokens;
+    q.sampling.temperature = j->temperature;
+    q.sampling.seed = 42;
+    q.speculative = j->speculative;
+    q.stop = j->stop;
+    q.n_stop = j->n_stop;
+    q.logprobs = 3;
+    q.want_logits = true;
+    q.callback = on_token;
+    q.user = r;
+    blade_error err = {{0}};
+    if (!blade_engine_submit(e, &q, &err))
+        fail_msg("%s", err.msg);
+}
+
+static void assert_same(const result *a, const result *b, int i, const char *what)
+{
+    if (a->n != b->n || memcmp(a->tokens, b->tokens, (size_t)a->n * sizeof(int32_t)) != 0)
+        fail_msg("%s: request %d generated different tokens (%d vs %d)", what, i, a->n, b->n);
+    if (memcmp(a->logits, b->logits, (size_t)a->n * a->n_vocab * sizeof(float)) != 0)
+        fail_msg("%s: request %d saw different logits", what, i);
+    if (memcmp(a->logprob, b->logprob, (size_t)a->n * sizeof(float)) != 0 ||
+        memcmp(a->top_ids, b->top_ids, (size_t)a->n * sizeof a->top_ids[0]) != 0 ||
+        memcmp(a->top_lp, b->top_lp, (size_t)a->n * sizeof a->top_lp[0]) != 0)
+        fail_msg("%s: request %d reported different logprobs", what, i);
+    if (a->finish != b->finish || strcmp(a->text, b->text) != 0)
+        fail_msg("%s: request %d finished differently (%s / %s)", what, i, a->text, b->text);
+}
+
+static void assert_clean(blade_engine *e, const char *what)
+{
+    blade_engine_stats st;
+    blade_engine_stats_get(e, &st);
+    if (st.invariant_error[0])
+        fail_msg("%s: %s", what, st.invariant_error);
+    assert_true(st.invariant_checks > 0);
+    assert_int_equal(st.kv_blocks_used, 0);
+    assert_int_equal(st.kv_blocks_free + st.kv_blocks_cached, st.kv_blocks_total);
+}
+
+/* Prompts cut from the story corpus at line starts (stories repeat their names and
+ * phrases, so prompt lookup finds drafts, some right, some wrong), one long enough to be
+ * prefilled in several chunks while others decode. */
+static job *make_jobs(const blade_model *m)
+{
+    size_t len;
+    char *text = read_shared("eval/stories-corpus.txt", &len);
+    job *jobs = calloc(N_PROMPTS, sizeof *jobs);
+    const char *p = text;
+    for (int i = 0; i < N_PROMPTS; i++) {
+        int32_t want = i == 3 ? 400 : 20 + 17 * i;
+        int32_t *toks = NULL;
+        size_t n = 0;
+        blade_error err = {{0}};
+        size_t take = strlen(p) < 4000 ? strlen(p) : 4000;
+        if (blade_tokenizer_encode(m->tokenizer, p, take, true, false, &toks, &n, &err))
+            fail_msg("%s", err.msg);
+        jobs[i].n_prompt = (int32_t)(n < (size_t)want ? n : (size_t)want);
+        memcpy(jobs[i].prompt, toks, (size_t)jobs[i].n_prompt * sizeof *toks);
+        free(toks);
+        jobs[i].max_tokens = 24 + 4 * i;
+        jobs[i].speculative = true;
+        /* two opt out, two sample: they share the steps without speculating */
+        jobs[i].speculative = i != 4 && i != 7;
+        jobs[i].temperature = i == 5 || i == 8 ? 0.9f : 0.0f;
+        const char *next = strstr(p + 1, "\n\n");
+        p = next ? next + 2 : text;
+    }
+    free(text);
+    return jobs;
+}
+
+static void run_all(blade_engine *e, const job *jobs, int n, result *out, int32_t n_vocab, bool one_by_one)
+{
+    for (int i = 0; i < n; i++) {
+        result_init(&out[i], n_vocab);
+        submit(e, &jobs[i], &out[i]);
+        if (one_by_one)
+            blade_engine_wait_idle(e);
+    }
+    blade_engine_wait_idle(e);
+    for (int i = 0; i < n; i++)
+        assert_true(out[i].done);
+}
+
+static void test_greedy_bit_identical(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    int32_t nv = m->hp.n_vocab;
+    job *jobs = make_jobs(m);
+
+    result ref[N_PROMPTS];
+    blade_engine *plain = engine_new(m, 256, 256, 2, BLADE_SPEC_NONE, 4);
+    run_all(plain, jobs, N_PROMPTS, ref, nv, true);
+    blade_engine_free(plain, true);
+
+    /* budgets of 9 and 24 trim drafts and chunk the long prompt; 40 blocks of 16 tokens
+     * cannot hold every sequence at once, so the scheduler preempts sequences with drafts */
+    static const struct {
+        int32_t k, budget, blocks, threads;
+    } configs[] = {{1, 256, 256, 2}, {3, 24, 256, 1}, {4, 9, 256, 3}, {8, 64, 40, 2}, {16, 256, 256, 2}};
+    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
+        blade_engine *e = engine_new(m, configs[c].blocks, configs[c].budget, configs[c].threads, BLADE_SPEC_NGRAM,
+                                     configs[c].k);
+        result got[N_PROMPTS];
+        run_all(e, jobs, N_PROMPTS, got, nv, false);
+        char what[96];
+        snprintf(what, sizeof what, "ngram k %d, budget %d, %d blocks, %d threads", configs[c].k, configs[c].budget,
+                 configs[c].blocks, configs[c].threads);
+        for (int i = 0; i < N_PROMPTS; i++) {
+            if (jobs[i].temperature == 0)
+                assert_same(&ref[i], &got[i], i, what);
+            else
+                assert_int_equal(got[i].n, jobs[i].max_tokens);
+            result_free(&got[i]);
+        }
+        blade_engine_stats st;
+        blade_engine_stats_get(e, &st);
+        print_message("%s: %llu steps, %llu verifies, %llu/%llu drafts accepted, %llu preemptions\n", what,
+                      (unsigned long long)st.steps, (unsigned long long)st.spec_verifies,
+                      (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens,
+                      (unsigned long long)st.preemptions);
+        /* drafts were both accepted and rejected, so both paths ran */
+        assert_true(st.spec_accepted_tokens > 0);
+        assert_true(st.spec_accepted_tokens < st.spec_draft_tokens);
+        if (configs[c].blocks < 100)
+            assert_true(st.preemptions > 0);
+        uint64_t hist = 0;
+        for (int j = 0; j <= BLADE_SPEC_MAX_K; j++)
+            hist += st.spec_accept_hist[j] * (uint64_t)j;
+        assert_int_equal(hist, st.spec_accepted_tokens);
+        assert_clean(e, what);
+        blade_engine_free(e, true);
+    }
+    for (int i = 0; i < N_PROMPTS; i++)
+        result_free(&ref[i]);
+    free(jobs);
+    blade_model_free(m);
+}
+
+/* After speculative runs, the prefix cache holds their blocks; new requests whose prompts
+ * are those runs' prompt + output reuse them. A block registered while holding a rejected
+ * draft would hand these requests wrong KV; their logits match a fresh plain engine's. */
+static void test_prefix_cache_holds_no_rejected_token(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    int32_t nv = m->hp.n_vocab;
+    job *jobs = make_jobs(m);
+    blade_engine *e = engine_new(m, 512, 64, 2, BLADE_SPEC_NGRAM, 6);
+    result first[N_PROMPTS];
+    run_all(e, jobs, N_PROMPTS, first, nv, false);
+
+    job *again = calloc(N_PROMPTS, sizeof *again);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        again[i] = jobs[i];
+        memcpy(again[i].prompt + jobs[i].n_prompt, first[i].tokens, (size_t)first[i].n * sizeof(int32_t));
+        again[i].n_prompt += first[i].n;
+        again[i].max_tokens = 16;
+        again[i].temperature = 0;
+        again[i].speculative = true;
+    }
+    result got[N_PROMPTS], ref[N_PROMPTS];
+    run_all(e, again, N_PROMPTS, got, nv, false);
+    blade_engine_stats st;
+    blade_engine_stats_get(e, &st);
+    assert_true(st.prefix_hit_tokens > 0);
+    assert_true(st.spec_accepted_tokens > 0);
+    assert_clean(e, "second round");
+    blade_engine_free(e, true);
+
+    blade_engine *plain = engine_new(m, 512, 256, 2, BLADE_SPEC_NONE, 4);
+    run_all(plain, again, N_PROMPTS, ref, nv, true);
+    blade_engine_free(plain, true);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        assert_same(&ref[i], &got[i], i, "prompt + speculative output, from the prefix cache");
+        result_free(&got[i]);
+        result_free(&ref[i]);
+        result_free(&first[i]);
+    }
+    free(again);
+    free(jobs);
+    blade_model_free(m);
+}
+
+/* Stop strings and max_tokens end a choice inside an accepted run: nothing after them is
+ * emitted, and the text is what plain decoding gives. */
+static void test_stop_inside_accepted_run(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    int32_t nv = m->hp.n_vocab;
+    job *jobs = make_jobs(m);
+    result ref[N_PROMPTS];
+    blade_engine *plain = engine_new(m, 256, 256, 2, BLADE_SPEC_NONE, 4);
+    run_all(plain, jobs, N_PROMPTS, ref, nv, true);
+    blade_engine_free(plain, true);
+
+    /* each stop string is a piece of the plain output's middle; each max_tokens is odd */
+    char stops[N_PROMPTS][16];
+    const char *stop_list[N_PROMPTS][1];
+    job *cut = calloc(N_PROMPTS, sizeof *cut);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        cut[i] = jobs[i];
+        cut[i].temperature = 0;
+        cut[i].speculative = true;
+        size_t at = ref[i].text_len / 2;
+        snprintf(stops[i], sizeof stops[i], "%.5s", ref[i].text + at);
+        stop_list[i][0] = stops[i];
+        if (i % 2) {
+            cut[i].stop = stop_list[i];
+            cut[i].n_stop = 1;
+        } else {
+            cut[i].max_tokens = 7 + i;
+        }
+    }
+    result plain_cut[N_PROMPTS], got[N_PROMPTS];
+    plain = engine_new(m, 256, 256, 2, BLADE_SPEC_NONE, 4);
+    run_all(plain, cut, N_PROMPTS, plain_cut, nv, true);
+    blade_engine_free(plain, true);
+    blade_engine *e = engine_new(m, 256, 256, 2, BLADE_SPEC_NGRAM, 8);
+    run_all(e, cut, N_PROMPTS, got, nv, false);
+    blade_engine_stats st;
+    blade_engine_stats_get(e, &st);
+    assert_true(st.spec_accepted_tokens > 0);
+    assert_clean(e, "stops");
+    blade_engine_free(e, true);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        assert_same(&plain_cut[i], &got[i], i, "stop string / max_tokens inside a run");
+        if (i % 2 == 0)
+            assert_int_equal(got[i].n, cut[i].max_tokens);
+        result_free(&got[i]);
+        result_free(&plain_cut[i]);
+        result_free(&ref[i]);
+    }
+    free(cut);
+    free(jobs);
+    blade_model_free(m);
+}
+
+static void test_rejects_bad_config(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    blade_engine_config cfg;
+    blade_engine_config_default(&cfg);
+    cfg.kv_mem_bytes = 1 << 20;
+    blade_error err = {{0}};
+    cfg.spec.mode = BLADE_SPEC_NGRAM;
+    cfg.spec.k = 0;
+    assert_null(blade_engine_new(m, &cfg, &err));
+    assert_non_null(strstr(err.msg, "spec-k"));
+    cfg.spec.k = BLADE_SPEC_MAX_K + 1;
+    assert_null(blade_engine_new(m, &cfg, &err));
+    cfg.spec.k = 4;
+    cfg.spec.ngram_min = 3;
+    cfg.spec.ngram_max = 2;
+    assert_null(blade_engine_new(m, &cfg, &err));
+    assert_non_null(strstr(err.msg, "ngram"));
+    assert_int_equal(blade_spec_mode_parse("ngram"), BLADE_SPEC_NGRAM);
+    assert_int_equal(blade_spec_mode_parse("none"), BLADE_SPEC_NONE);
+    assert_int_equal(blade_spec_mode_parse("bogus"), -1);
+    blade_model_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ngram_propose),
+        cmocka_unit_test(test_kv_truncate),
+        cmocka_unit_test(test_greedy_bit_identical),
+        cmocka_unit_test(test_prefix_cache_holds_no_rejected_token),
+        cmocka_unit_test(test_stop_inside_accepted_run),
+        cmocka_unit_test(test_rejects_bad_config),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
