@@ -23,6 +23,10 @@ const struct option cli_engine_longopts[] = {
     {"ctx-size", required_argument, 0, OPT_CTX_SIZE},
     {"threads", required_argument, 0, OPT_THREADS},
     {"batch-aging-steps", required_argument, 0, OPT_BATCH_AGING},
+    {"spec", required_argument, 0, OPT_SPEC},
+    {"spec-k", required_argument, 0, OPT_SPEC_K},
+    {"ngram-min", required_argument, 0, OPT_NGRAM_MIN},
+    {"ngram-max", required_argument, 0, OPT_NGRAM_MAX},
 };
 const size_t cli_engine_longopts_count = sizeof cli_engine_longopts / sizeof cli_engine_longopts[0];
 
@@ -49,12 +53,17 @@ void cli_engine_usage(FILE *out)
             "      --pin-prefix FILE      compute FILE's text once and keep its KV cached for good\n"
             "      --batch-aging-steps N  steps after which a waiting batch request ranks as interactive\n"
             "                             (default 256)\n"
+            "      --spec MODE            speculative decoding: none (default) or ngram (prompt lookup);\n"
+            "                             greedy output is bit-identical either way\n"
+            "      --spec-k N             most drafted tokens per sequence and step (default 4, max %d)\n"
+            "      --ngram-min N, --ngram-max N  suffix lengths prompt lookup tries (default 2..4)\n"
             "baseline modes (to measure what each technique buys):\n"
             "      --scheduler static     request-level batching: form a batch and run it to completion,\n"
             "                             finished members keeping their seats (default: continuous)\n"
             "      --no-prefix-cache      never reuse cached prompt blocks\n"
             "      --no-chunked-prefill   run each prompt whole, in a step of its own\n"
-            "      --kv-alloc contiguous  reserve each request's maximum length up front (default: paged)\n");
+            "      --kv-alloc contiguous  reserve each request's maximum length up front (default: paged)\n",
+            BLADE_SPEC_MAX_K);
 }
 
 /* "2G", "512M", "1073741824" -> bytes; "0.5" -> a fraction of available memory. */
@@ -158,6 +167,25 @@ int cli_engine_option(cli_engine_options *o, int code, const char *arg)
             return -1;
         c->sched.batch_aging_steps = (int32_t)n;
         return 1;
+    case OPT_SPEC: {
+        int mode = blade_spec_mode_parse(arg);
+        if (mode < 0) {
+            fprintf(stderr, "error: --spec expects none or ngram, got '%s'\n", arg);
+            return -1;
+        }
+        c->spec.mode = (blade_spec_mode)mode;
+        return 1;
+    }
+    case OPT_SPEC_K:
+    case OPT_NGRAM_MIN:
+    case OPT_NGRAM_MAX: {
+        const char *name = code == OPT_SPEC_K ? "--spec-k" : code == OPT_NGRAM_MIN ? "--ngram-min" : "--ngram-max";
+        if (!cli_parse_int(name, arg, 1, code == OPT_SPEC_K ? BLADE_SPEC_MAX_K : 64, &n))
+            return -1;
+        *(code == OPT_SPEC_K ? &c->spec.k : code == OPT_NGRAM_MIN ? &c->spec.ngram_min : &c->spec.ngram_max) =
+            (int32_t)n;
+        return 1;
+    }
     default: return 0;
     }
 }
@@ -197,10 +225,13 @@ void cli_engine_describe(FILE *out, const cli_engine_options *o, blade_engine *e
     int64_t tokens = blade_engine_kv_tokens(e);
     int32_t ctx = blade_engine_max_context(e);
     fprintf(out, "techniques: paged KV %s (blocks of %d), prefix caching %s, continuous batching %s, "
-                 "chunked prefill %s\n",
+                 "chunked prefill %s, speculative decoding %s",
             c->sched.contiguous_kv ? "OFF (contiguous reservation)" : "on", c->block_size,
             c->prefix_caching ? "on" : "OFF", c->sched.mode == BLADE_SCHED_STATIC ? "OFF (static)" : "on",
-            c->sched.chunked_prefill ? "on" : "OFF");
+            c->sched.chunked_prefill ? "on" : "OFF", blade_spec_mode_name(c->spec.mode));
+    if (c->spec.mode == BLADE_SPEC_NGRAM)
+        fprintf(out, " (k %d, n-grams %d..%d)", c->spec.k, c->spec.ngram_min, c->spec.ngram_max);
+    fprintf(out, "\n");
     fprintf(out, "KV cache: %.2f GiB of %s = %lld tokens = %lld full-context (%d-token) sequences; "
                  "step budget %d tokens, %d sequences\n",
             (double)c->kv_mem_bytes / 1073741824.0, blade_kv_type_name(c->kv_type), (long long)tokens,
@@ -214,6 +245,18 @@ void cli_engine_describe(FILE *out, const cli_engine_options *o, blade_engine *e
                 (long long)n, (long long)(n / ctx), f16_tokens ? (double)n / (double)f16_tokens : 0.0);
     }
     fprintf(out, "\n");
+}
+
+void cli_engine_print_spec(FILE *out, blade_engine *e)
+{
+    blade_engine_stats st;
+    blade_engine_stats_get(e, &st);
+    if (st.spec_verifies == 0)
+        return;
+    fprintf(out, "speculative decoding: %llu drafts verified, %llu accepted (%.1f%%), %.2f tokens per verify step\n",
+            (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_accepted_tokens,
+            100.0 * (double)st.spec_accepted_tokens / (double)st.spec_draft_tokens,
+            1.0 + (double)st.spec_accepted_tokens / (double)st.spec_verifies);
 }
 
 struct option *cli_merge_longopts(const struct option *own, size_t n_own)

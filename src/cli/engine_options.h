@@ -27,6 +27,10 @@ enum cli_engine_opt {
     OPT_CTX_SIZE,
     OPT_THREADS,
     OPT_BATCH_AGING,
+    OPT_SPEC,
+    OPT_SPEC_K,
+    OPT_NGRAM_MIN,
+    OPT_NGRAM_MAX,
 };
 
 typedef struct cli_engine_options {
@@ -54,6 +58,8 @@ int64_t cli_kv_tokens(const blade_hparams *hp, blade_kv_type t, int32_t block_si
 /* Builds a long-options array of the command's own options followed by the engine's;
  * malloc'd, terminated by a zero entry. */
 struct option *cli_merge_longopts(const struct option *own, size_t n_own);
+/* After a run: how many drafts were verified and accepted (nothing without speculation). */
+void cli_engine_print_spec(FILE *out, blade_engine *e);
 /* Runs --pin-prefix: computes the file's text once and pins its blocks. */
 int cli_engine_pin_prefix(const cli_engine_options *o, blade_engine *e);
 
