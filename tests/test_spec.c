@@ -9,6 +9,7 @@
 #include "blade/kv_cache.h"
 #include "blade/model.h"
 #include "blade/spec.h"
+#include "blade/synth.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -160,26 +161,64 @@ static void test_kv_truncate(void **state)
 
 /* ---- the engine ---- */
 
-static blade_engine *engine_new(const blade_model *m, int32_t kv_blocks, int32_t budget, int32_t threads,
-                                blade_spec_mode mode, int32_t k)
+typedef struct engine_shape {
+    int32_t kv_blocks, budget, threads;
+    blade_spec_mode mode;
+    int32_t k;
+    const char *draft;       /* draft model path */
+    int32_t draft_kv_blocks; /* 0: the default */
+} engine_shape;
+
+static blade_engine *engine_try(const blade_model *m, const engine_shape *sh, blade_error *err)
 {
     blade_engine_config cfg;
     blade_engine_config_default(&cfg);
-    cfg.n_threads = threads;
+    cfg.n_threads = sh->threads;
     blade_kv_store_config sc = blade_model_kv_config(&m->hp, cfg.kv_type, cfg.block_size, 0);
-    cfg.kv_mem_bytes = (size_t)kv_blocks * blade_kv_store_block_bytes(&sc);
-    cfg.sched.max_batch_tokens = budget;
+    cfg.kv_mem_bytes = (size_t)sh->kv_blocks * blade_kv_store_block_bytes(&sc);
+    cfg.sched.max_batch_tokens = sh->budget;
     cfg.sched.max_seqs = 16;
     cfg.check_invariants = true;
-    cfg.spec.mode = mode;
-    cfg.spec.k = k;
+    cfg.spec.mode = sh->mode;
+    cfg.spec.k = sh->k;
     cfg.spec.ngram_min = 1;
     cfg.spec.ngram_max = 4;
+    cfg.spec.draft_model_path = sh->draft;
+    /* the draft has the target's shape here */
+    cfg.spec.draft_kv_mem_bytes = (size_t)sh->draft_kv_blocks * blade_kv_store_block_bytes(&sc);
+    return blade_engine_new(m, &cfg, err);
+}
+
+static blade_engine *engine_new(const blade_model *m, int32_t kv_blocks, int32_t budget, int32_t threads,
+                                blade_spec_mode mode, int32_t k)
+{
+    engine_shape sh = {kv_blocks, budget, threads, mode, k, NULL, 0};
     blade_error err = {{0}};
-    blade_engine *e = blade_engine_new(m, &cfg, &err);
+    blade_engine *e = engine_try(m, &sh, &err);
     if (!e)
         fail_msg("%s", err.msg);
     return e;
+}
+
+/* stories260K-draft converted to GGUF once per test run */
+static const char *draft_path(void)
+{
+    static char *path;
+    if (path)
+        return path;
+    char *bin = require_shared("models/stories260K-draft.bin");
+    char *tok = require_shared("models/tok512.bin");
+    char *out = temp_path("spec-draft.gguf");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "convert '%s' --tokenizer '%s' -o '%s'", bin, tok, out);
+    char *log = NULL;
+    if (run_blade(cmd, &log, 1) != 0)
+        fail_msg("blade %s failed: %s", cmd, log ? log : "");
+    free(log);
+    free(bin);
+    free(tok);
+    path = out;
+    return path;
 }
 
 static void submit(blade_engine *e, const job *j, result *r)
@@ -273,9 +312,10 @@ static void run_all(blade_engine *e, const job *jobs, int n, result *out, int32_
         assert_true(out[i].done);
 }
 
-static void test_greedy_bit_identical(void **state)
+/* Runs the jobs through each engine shape and compares every greedy request with plain
+ * decoding; the sampled ones only have to finish. */
+static void check_bit_identical(const engine_shape *shapes, size_t n_shapes)
 {
-    (void)state;
     blade_model *m = load_stories();
     int32_t nv = m->hp.n_vocab;
     job *jobs = make_jobs(m);
@@ -285,19 +325,17 @@ static void test_greedy_bit_identical(void **state)
     run_all(plain, jobs, N_PROMPTS, ref, nv, true);
     blade_engine_free(plain, true);
 
-    /* budgets of 9 and 24 trim drafts and chunk the long prompt; 40 blocks of 16 tokens
-     * cannot hold every sequence at once, so the scheduler preempts sequences with drafts */
-    static const struct {
-        int32_t k, budget, blocks, threads;
-    } configs[] = {{1, 256, 256, 2}, {3, 24, 256, 1}, {4, 9, 256, 3}, {8, 64, 40, 2}, {16, 256, 256, 2}};
-    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
-        blade_engine *e = engine_new(m, configs[c].blocks, configs[c].budget, configs[c].threads, BLADE_SPEC_NGRAM,
-                                     configs[c].k);
+    for (size_t c = 0; c < n_shapes; c++) {
+        const engine_shape *sh = &shapes[c];
+        blade_error err = {{0}};
+        blade_engine *e = engine_try(m, sh, &err);
+        if (!e)
+            fail_msg("%s", err.msg);
         result got[N_PROMPTS];
         run_all(e, jobs, N_PROMPTS, got, nv, false);
-        char what[96];
-        snprintf(what, sizeof what, "ngram k %d, budget %d, %d blocks, %d threads", configs[c].k, configs[c].budget,
-                 configs[c].blocks, configs[c].threads);
+        char what[128];
+        snprintf(what, sizeof what, "%s k %d, budget %d, %d blocks, %d threads%s", blade_spec_mode_name(sh->mode),
+                 sh->k, sh->budget, sh->kv_blocks, sh->threads, sh->draft_kv_blocks ? ", small draft KV" : "");
         for (int i = 0; i < N_PROMPTS; i++) {
             if (jobs[i].temperature == 0)
                 assert_same(&ref[i], &got[i], i, what);
@@ -314,7 +352,7 @@ static void test_greedy_bit_identical(void **state)
         /* drafts were both accepted and rejected, so both paths ran */
         assert_true(st.spec_accepted_tokens > 0);
         assert_true(st.spec_accepted_tokens < st.spec_draft_tokens);
-        if (configs[c].blocks < 100)
+        if (sh->kv_blocks < 100)
             assert_true(st.preemptions > 0);
         uint64_t hist = 0;
         for (int j = 0; j <= BLADE_SPEC_MAX_K; j++)
@@ -326,6 +364,79 @@ static void test_greedy_bit_identical(void **state)
     for (int i = 0; i < N_PROMPTS; i++)
         result_free(&ref[i]);
     free(jobs);
+    blade_model_free(m);
+}
+
+/* budgets of 9 and 24 trim drafts and chunk the long prompt; 40 blocks of 16 tokens cannot
+ * hold every sequence at once, so the scheduler preempts sequences with drafts */
+static void test_ngram_bit_identical(void **state)
+{
+    (void)state;
+    static const engine_shape shapes[] = {
+        {256, 256, 2, BLADE_SPEC_NGRAM, 1, NULL, 0}, {256, 24, 1, BLADE_SPEC_NGRAM, 3, NULL, 0},
+        {256, 9, 3, BLADE_SPEC_NGRAM, 4, NULL, 0},   {40, 64, 2, BLADE_SPEC_NGRAM, 8, NULL, 0},
+        {256, 256, 2, BLADE_SPEC_NGRAM, 16, NULL, 0},
+    };
+    check_bit_identical(shapes, sizeof shapes / sizeof shapes[0]);
+}
+
+/* The same with the draft model; the last shape's draft KV (12 blocks) holds only a few
+ * sequences, so the others go without drafts and get them back as blocks free up. */
+static void test_draft_model_bit_identical(void **state)
+{
+    (void)state;
+    const char *d = draft_path();
+    engine_shape shapes[] = {
+        {256, 256, 2, BLADE_SPEC_DRAFT, 1, d, 0}, {256, 24, 1, BLADE_SPEC_DRAFT, 3, d, 0},
+        {256, 9, 3, BLADE_SPEC_DRAFT, 5, d, 0},   {40, 64, 2, BLADE_SPEC_DRAFT, 8, d, 0},
+        {256, 256, 2, BLADE_SPEC_DRAFT, 4, d, 12},
+    };
+    check_bit_identical(shapes, sizeof shapes / sizeof shapes[0]);
+}
+
+/* A draft that cannot draft for the target is refused with the reason; nothing crashes. */
+static void test_draft_model_refused(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    blade_error err = {{0}};
+    engine_shape sh = {64, 64, 1, BLADE_SPEC_DRAFT, 4, NULL, 0};
+    assert_null(engine_try(m, &sh, &err));
+    assert_non_null(strstr(err.msg, "--draft-model"));
+
+    char *missing = temp_path("no-such-draft.gguf");
+    sh.draft = missing;
+    assert_null(engine_try(m, &sh, &err));
+    assert_non_null(strstr(err.msg, "no-such-draft.gguf"));
+
+    /* same size, made-up token texts: the first differing token is named */
+    char *other = temp_path("spec-other-vocab.gguf");
+    blade_synth_spec s = {
+        .arch = BLADE_ARCH_LLAMA, .n_vocab = 512, .n_embd = 64, .n_layer = 1, .n_head = 4, .n_head_kv = 2,
+        .head_dim = 16, .n_ff = 128, .n_ctx = 512, .rope_base = 10000.0f, .weight_type = BLADE_TYPE_F32, .seed = 3,
+    };
+    if (blade_synth_write(&s, other, false, &err))
+        fail_msg("%s", err.msg);
+    sh.draft = other;
+    assert_null(engine_try(m, &sh, &err));
+    print_message("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, "differs from the target's at token"));
+
+    /* another size */
+    s.n_vocab = 400;
+    if (blade_synth_write(&s, other, false, &err))
+        fail_msg("%s", err.msg);
+    assert_null(engine_try(m, &sh, &err));
+    assert_non_null(strstr(err.msg, "400 tokens"));
+
+    /* and the right one loads */
+    sh.draft = draft_path();
+    blade_engine *e = engine_try(m, &sh, &err);
+    if (!e)
+        fail_msg("%s", err.msg);
+    blade_engine_free(e, false);
+    free(missing);
+    free(other);
     blade_model_free(m);
 }
 
@@ -459,7 +570,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram_propose),
         cmocka_unit_test(test_kv_truncate),
-        cmocka_unit_test(test_greedy_bit_identical),
+        cmocka_unit_test(test_ngram_bit_identical),
+        cmocka_unit_test(test_draft_model_bit_identical),
+        cmocka_unit_test(test_draft_model_refused),
         cmocka_unit_test(test_prefix_cache_holds_no_rejected_token),
         cmocka_unit_test(test_stop_inside_accepted_run),
         cmocka_unit_test(test_rejects_bad_config),

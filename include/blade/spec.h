@@ -9,6 +9,7 @@
  * only the number of steps changes. */
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* Most drafts one sequence verifies in one step. */
@@ -19,6 +20,9 @@ typedef enum blade_spec_mode {
     /* prompt lookup: the tokens that followed an earlier occurrence of the sequence's
      * longest recent n-gram (no model; wins where the output copies its context) */
     BLADE_SPEC_NGRAM = 1,
+    /* a smaller model with the same vocabulary drafts, batched across all speculating
+     * sequences, with its own paged KV */
+    BLADE_SPEC_DRAFT = 2,
 } blade_spec_mode;
 
 typedef struct blade_spec_config {
@@ -26,12 +30,14 @@ typedef struct blade_spec_config {
     int32_t k;          /* most drafts per sequence and step (1..BLADE_SPEC_MAX_K) */
     int32_t ngram_min;  /* shortest suffix the n-gram drafter looks up (>= 1) */
     int32_t ngram_max;  /* longest (>= ngram_min) */
+    const char *draft_model_path; /* BLADE_SPEC_DRAFT: the draft's GGUF, loaded by the engine */
+    size_t draft_kv_mem_bytes;    /* its KV budget; 0: as many tokens as the target's KV holds */
 } blade_spec_config;
 
 /* Off; k 4, n-grams of 2..4 tokens when turned on. */
 void blade_spec_config_default(blade_spec_config *c);
 const char *blade_spec_mode_name(blade_spec_mode m);
-/* "none", "ngram" -> mode; -1 for anything else. */
+/* "none", "ngram", "draft" -> mode; -1 for anything else. */
 int blade_spec_mode_parse(const char *s);
 
 /* Prompt lookup over tokens[0..n): for suffix lengths from n_max down to n_min, finds the

@@ -27,6 +27,8 @@ const struct option cli_engine_longopts[] = {
     {"spec-k", required_argument, 0, OPT_SPEC_K},
     {"ngram-min", required_argument, 0, OPT_NGRAM_MIN},
     {"ngram-max", required_argument, 0, OPT_NGRAM_MAX},
+    {"draft-model", required_argument, 0, OPT_DRAFT_MODEL},
+    {"draft-kv-mem", required_argument, 0, OPT_DRAFT_KV_MEM},
 };
 const size_t cli_engine_longopts_count = sizeof cli_engine_longopts / sizeof cli_engine_longopts[0];
 
@@ -53,8 +55,10 @@ void cli_engine_usage(FILE *out)
             "      --pin-prefix FILE      compute FILE's text once and keep its KV cached for good\n"
             "      --batch-aging-steps N  steps after which a waiting batch request ranks as interactive\n"
             "                             (default 256)\n"
-            "      --spec MODE            speculative decoding: none (default) or ngram (prompt lookup);\n"
-            "                             greedy output is bit-identical either way\n"
+            "      --spec MODE            speculative decoding: none (default), ngram (prompt lookup) or\n"
+            "                             draft (--draft-model); greedy output is bit-identical either way\n"
+            "      --draft-model FILE     a GGUF with this model's vocabulary drafts (implies --spec draft)\n"
+            "      --draft-kv-mem SIZE    the draft's KV memory (default: as many tokens as --kv-mem holds)\n"
             "      --spec-k N             most drafted tokens per sequence and step (default 4, max %d)\n"
             "      --ngram-min N, --ngram-max N  suffix lengths prompt lookup tries (default 2..4)\n"
             "baseline modes (to measure what each technique buys):\n"
@@ -66,17 +70,18 @@ void cli_engine_usage(FILE *out)
             BLADE_SPEC_MAX_K);
 }
 
-/* "2G", "512M", "1073741824" -> bytes; "0.5" -> a fraction of available memory. */
-static int parse_kv_mem(cli_engine_options *o, const char *arg)
+/* "2G", "512M", "1073741824" -> bytes; "0.5" -> a fraction of available memory (when
+ * fraction is given). */
+static int parse_size(const char *name, const char *arg, size_t *bytes, double *fraction)
 {
     char *end;
     double v = strtod(arg, &end);
     if (end == arg || v <= 0) {
-        fprintf(stderr, "error: --kv-mem expects a size like 2G or a fraction like 0.5, got '%s'\n", arg);
+        fprintf(stderr, "error: --%s expects a size like 2G%s, got '%s'\n", name, fraction ? " or a fraction like 0.5" : "", arg);
         return -1;
     }
-    if (*end == 0 && v < 1.0) {
-        o->kv_mem_fraction = v;
+    if (*end == 0 && v < 1.0 && fraction) {
+        *fraction = v;
         return 0;
     }
     double unit = 1;
@@ -86,20 +91,21 @@ static int parse_kv_mem(cli_engine_options *o, const char *arg)
         case 'M': unit = 1024.0 * 1024; break;
         case 'G': unit = 1024.0 * 1024 * 1024; break;
         default:
-            fprintf(stderr, "error: --kv-mem: unknown unit in '%s' (use K, M or G)\n", arg);
+            fprintf(stderr, "error: --%s: unknown unit in '%s' (use K, M or G)\n", name, arg);
             return -1;
         }
         if (end[1] && strcasecmp(end + 1, "iB") && strcasecmp(end + 1, "B")) {
-            fprintf(stderr, "error: --kv-mem: unknown unit in '%s'\n", arg);
+            fprintf(stderr, "error: --%s: unknown unit in '%s'\n", name, arg);
             return -1;
         }
     }
     if (v * unit > 1e15) {
-        fprintf(stderr, "error: --kv-mem %s is larger than any machine\n", arg);
+        fprintf(stderr, "error: --%s %s is larger than any machine\n", name, arg);
         return -1;
     }
-    o->cfg.kv_mem_bytes = (size_t)(v * unit);
-    o->kv_mem_fraction = 0;
+    *bytes = (size_t)(v * unit);
+    if (fraction)
+        *fraction = 0;
     return 0;
 }
 
@@ -110,7 +116,13 @@ int cli_engine_option(cli_engine_options *o, int code, const char *arg)
     switch (code) {
     case 't': return cli_engine_option(o, OPT_THREADS, arg);
     case 'c': return cli_engine_option(o, OPT_CTX_SIZE, arg);
-    case OPT_KV_MEM: return parse_kv_mem(o, arg) ? -1 : 1;
+    case OPT_KV_MEM: return parse_size("kv-mem", arg, &c->kv_mem_bytes, &o->kv_mem_fraction) ? -1 : 1;
+    case OPT_DRAFT_KV_MEM: return parse_size("draft-kv-mem", arg, &c->spec.draft_kv_mem_bytes, NULL) ? -1 : 1;
+    case OPT_DRAFT_MODEL:
+        c->spec.draft_model_path = arg;
+        if (c->spec.mode == BLADE_SPEC_NONE)
+            c->spec.mode = BLADE_SPEC_DRAFT;
+        return 1;
     case OPT_BLOCK_SIZE:
         if (!cli_parse_int("--block-size", arg, 1, 1024, &n))
             return -1;
@@ -170,7 +182,7 @@ int cli_engine_option(cli_engine_options *o, int code, const char *arg)
     case OPT_SPEC: {
         int mode = blade_spec_mode_parse(arg);
         if (mode < 0) {
-            fprintf(stderr, "error: --spec expects none or ngram, got '%s'\n", arg);
+            fprintf(stderr, "error: --spec expects none, ngram or draft, got '%s'\n", arg);
             return -1;
         }
         c->spec.mode = (blade_spec_mode)mode;
@@ -231,6 +243,8 @@ void cli_engine_describe(FILE *out, const cli_engine_options *o, blade_engine *e
             c->sched.chunked_prefill ? "on" : "OFF", blade_spec_mode_name(c->spec.mode));
     if (c->spec.mode == BLADE_SPEC_NGRAM)
         fprintf(out, " (k %d, n-grams %d..%d)", c->spec.k, c->spec.ngram_min, c->spec.ngram_max);
+    if (c->spec.mode == BLADE_SPEC_DRAFT)
+        fprintf(out, " (k %d, draft %s)", c->spec.k, c->spec.draft_model_path);
     fprintf(out, "\n");
     fprintf(out, "KV cache: %.2f GiB of %s = %lld tokens = %lld full-context (%d-token) sequences; "
                  "step budget %d tokens, %d sequences\n",

@@ -31,6 +31,8 @@ enum cli_engine_opt {
     OPT_SPEC_K,
     OPT_NGRAM_MIN,
     OPT_NGRAM_MAX,
+    OPT_DRAFT_MODEL,
+    OPT_DRAFT_KV_MEM,
 };
 
 typedef struct cli_engine_options {

@@ -24,8 +24,10 @@ void blade_engine_config_default(blade_engine_config *c)
 
 static int validate_spec(const blade_spec_config *sc, blade_error *err)
 {
-    if (sc->mode != BLADE_SPEC_NONE && sc->mode != BLADE_SPEC_NGRAM)
+    if (sc->mode != BLADE_SPEC_NONE && sc->mode != BLADE_SPEC_NGRAM && sc->mode != BLADE_SPEC_DRAFT)
         return blade_error_set(err, "unknown speculative decoding mode %d", (int)sc->mode);
+    if (sc->mode == BLADE_SPEC_DRAFT && (!sc->draft_model_path || !*sc->draft_model_path))
+        return blade_error_set(err, "speculative decoding with a draft model needs --draft-model FILE.gguf");
     if (sc->mode == BLADE_SPEC_NONE)
         return 0;
     if (sc->k < 1 || sc->k > BLADE_SPEC_MAX_K)
@@ -100,7 +102,19 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
     e->item_out = malloc(seqs * sizeof *e->item_out);
     e->item_bad = malloc(seqs * sizeof *e->item_bad);
     e->spec_out = malloc(rows * sizeof *e->spec_out);
-    bool scratch = e->row_ids && e->item_row && e->item_out && e->item_bad && e->spec_out;
+    e->draft_jobs = malloc(seqs * sizeof *e->draft_jobs);
+    e->draft_owner = malloc(seqs * sizeof *e->draft_owner);
+    bool scratch = e->row_ids && e->item_row && e->item_out && e->item_bad && e->spec_out && e->draft_jobs &&
+                   e->draft_owner;
+    if (scratch && e->runner && cfg->spec.mode == BLADE_SPEC_DRAFT) {
+        e->draft = spec_draft_new(cfg->spec.draft_model_path, m, cfg->spec.draft_kv_mem_bytes,
+                                  (int64_t)n_blocks * cfg->block_size, cfg->block_size, cfg->kv_type, e->pool,
+                                  runner_tokens, cfg->sched.max_seqs, err);
+        if (!e->draft) {
+            blade_engine_free(e, false);
+            return NULL;
+        }
+    }
     if (e->row_ids)
         for (size_t i = 0; i < rows; i++)
             e->row_ids[i] = (int32_t)i;
@@ -215,6 +229,9 @@ void blade_engine_free(blade_engine *e, bool drain)
     free(e->item_out);
     free(e->item_bad);
     free(e->spec_out);
+    free(e->draft_jobs);
+    free(e->draft_owner);
+    spec_draft_free(e->draft);
     blade_runner_free(e->runner);
     blade_scheduler_free(e->sched);
     blade_kv_cache_free(e->kv);

@@ -16,6 +16,7 @@
 #include "blade/runner.h"
 #include "blade/scheduler.h"
 #include "engine/request_output.h"
+#include "engine/spec_draft.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -33,6 +34,7 @@ typedef struct request_state {
     bool pin_prefix;
     bool speculative; /* the request lets the engine draft for it */
     bool greedy;      /* temperature 0 */
+    spec_draft_seq draft; /* its state in the draft model, with --spec draft */
     /* Static batching only: answered in full, but its seat in the batch keeps computing
      * (tokens nobody sees) until every member has finished, as in a fixed-shape batch. */
     bool padding;
@@ -76,6 +78,9 @@ struct blade_engine {
     int32_t *item_out;     /* [max_seqs] tokens verification produced for each item */
     int32_t *spec_out;     /* [max_logit_rows] those tokens, at the item's rows */
     bool *item_bad;        /* [max_seqs] verification met a row with no usable logits */
+    spec_draft *draft;     /* the draft model, with --spec draft */
+    spec_draft_job *draft_jobs; /* [max_seqs] */
+    struct request_state **draft_owner; /* [max_seqs] whose job each is */
     uint64_t spec_verifies, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accept_hist[BLADE_SPEC_MAX_K + 1];
     uint64_t computed_tokens, generated_tokens, finished;

@@ -35,6 +35,7 @@ void engine_request_free(request_state *r)
     request_output_destroy(&r->out);
     free(r->salt);
     blade_kv_cache_seq_destroy(&r->seq.kv);
+    spec_draft_seq_destroy(&r->draft);
     free(r);
 }
 

@@ -21,6 +21,7 @@ const char *blade_spec_mode_name(blade_spec_mode m)
     switch (m) {
     case BLADE_SPEC_NONE: return "none";
     case BLADE_SPEC_NGRAM: return "ngram";
+    case BLADE_SPEC_DRAFT: return "draft";
     }
     return "?";
 }
@@ -31,6 +32,8 @@ int blade_spec_mode_parse(const char *s)
         return BLADE_SPEC_NONE;
     if (!strcmp(s, "ngram"))
         return BLADE_SPEC_NGRAM;
+    if (!strcmp(s, "draft"))
+        return BLADE_SPEC_DRAFT;
     return -1;
 }
 

@@ -18,6 +18,8 @@
 static void live_add(blade_engine *e, request_state *r)
 {
     blade_kv_cache_seq_init(&r->seq.kv, e->kv, r->salt, r->salt ? strlen(r->salt) : 0);
+    if (e->draft)
+        spec_draft_seq_init(e->draft, &r->draft);
     r->prev_live = NULL;
     r->next_live = e->live;
     if (e->live)
@@ -58,6 +60,8 @@ static void retire(blade_engine *e, request_state *r)
         blade_kv_cache_pin_prefix(e->kv, r->tokens, r->seq.n_prompt, r->salt, r->salt ? strlen(r->salt) : 0);
     if (r->seq.state != BLADE_SEQ_FINISHED)
         blade_scheduler_remove(e->sched, &r->seq);
+    if (e->draft)
+        spec_draft_seq_release(e->draft, &r->draft);
     live_unlink(e, r);
 }
 
@@ -175,13 +179,41 @@ static int32_t draft_room(const blade_engine *e, const request_state *r)
     return room < sc->k ? room : sc->k;
 }
 
+/* The draft model drafts for all speculating sequences together. A preempted sequence
+ * gives its draft KV back: it may wait long, and others can use the room meanwhile. */
+static void propose_with_draft_model(blade_engine *e)
+{
+    int32_t n = 0;
+    for (request_state *r = e->live; r; r = r->next_live) {
+        if (r->seq.state == BLADE_SEQ_WAITING && r->draft.kv.n_blocks)
+            spec_draft_seq_release(e->draft, &r->draft);
+        int32_t k = draft_room(e, r);
+        if (k > 0 && n < e->cfg.sched.max_seqs) {
+            e->draft_owner[n] = r;
+            e->draft_jobs[n++] = (spec_draft_job){.seq = &r->draft, .tokens = r->tokens,
+                                                  .n_tokens = r->seq.n_tokens, .k = k,
+                                                  .out = r->tokens + r->seq.n_tokens};
+        }
+    }
+    blade_error err = {{0}};
+    /* a failed draft call costs only this step's speculation; the target's step goes on */
+    spec_draft_propose(e->draft, e->draft_jobs, n, &err);
+    for (int32_t i = 0; i < n; i++)
+        e->draft_owner[i]->seq.n_draft = e->draft_jobs[i].n_out;
+}
+
 /* Puts each speculating sequence's drafts after its last token, where the plan finds them. */
 static void propose_drafts(blade_engine *e)
 {
     const blade_spec_config *sc = &e->cfg.spec;
-    for (request_state *r = e->live; r; r = r->next_live) {
+    for (request_state *r = e->live; r; r = r->next_live)
         r->seq.n_draft = 0;
-        int32_t k = draft_room(e, r);
+    if (sc->mode == BLADE_SPEC_DRAFT) {
+        propose_with_draft_model(e);
+        return;
+    }
+    for (request_state *r = e->live; r; r = r->next_live) {
+        int32_t k = sc->mode == BLADE_SPEC_NGRAM ? draft_room(e, r) : 0;
         if (k > 0)
             r->seq.n_draft = blade_ngram_propose(r->tokens, r->seq.n_tokens, sc->ngram_min, sc->ngram_max, k,
                                                  r->tokens + r->seq.n_tokens);
