@@ -11,6 +11,7 @@
 #include "blade/spec.h"
 #include "blade/synth.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -540,6 +541,167 @@ static void test_stop_inside_accepted_run(void **state)
     blade_model_free(m);
 }
 
+/* ---- sampling: the rejection rule keeps the distribution ---- */
+
+#define N_DRAWS 1500
+#define DRAW_LEN 5
+
+typedef struct draws {
+    int32_t tokens[N_DRAWS][DRAW_LEN];
+    int32_t n[N_DRAWS];
+    int32_t done;
+    pthread_mutex_t mu;
+} draws;
+
+typedef struct draw_slot {
+    draws *d;
+    int32_t i;
+} draw_slot;
+
+static void on_draw(const blade_token_event *ev)
+{
+    draw_slot *slot = ev->user;
+    draws *d = slot->d;
+    pthread_mutex_lock(&d->mu);
+    if (ev->token >= 0 && d->n[slot->i] < DRAW_LEN)
+        d->tokens[slot->i][d->n[slot->i]++] = ev->token;
+    if (ev->finish != BLADE_FINISH_NONE)
+        d->done++;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* N_DRAWS sampled continuations of one prompt, seeds from seed0 on. */
+static void sample_many(blade_engine *e, const blade_model *m, uint64_t seed0, draws *d, draw_slot *slots)
+{
+    memset(d->tokens, 0, sizeof d->tokens);
+    memset(d->n, 0, sizeof d->n);
+    d->done = 0;
+    const char *prompt = "Once upon a time, there was a little";
+    for (int32_t i = 0; i < N_DRAWS; i++) {
+        blade_request q;
+        blade_request_default(&q);
+        q.prompt_text = prompt;
+        q.prompt_text_len = strlen(prompt);
+        q.max_tokens = DRAW_LEN;
+        q.ignore_eos = true;
+        /* every transform the sampler has, penalties included, so p depends on the tokens
+         * accepted before it in the same verify run */
+        q.sampling.temperature = 1.5f;
+        q.sampling.top_k = 60;
+        q.sampling.top_p = 0.97f;
+        q.sampling.min_p = 0.01f;
+        q.sampling.repeat_penalty = 1.3f;
+        q.sampling.presence_penalty = 0.4f;
+        q.sampling.frequency_penalty = 0.2f;
+        q.sampling.seed = seed0 + (uint64_t)i;
+        slots[i] = (draw_slot){d, i};
+        q.callback = on_draw;
+        q.user = &slots[i];
+        blade_error err = {{0}};
+        if (!blade_engine_submit(e, &q, &err))
+            fail_msg("%s", err.msg);
+    }
+    blade_engine_wait_idle(e);
+    assert_int_equal(d->done, N_DRAWS);
+    (void)m;
+}
+
+/* Two-sample chi-square test of homogeneity on the token at position pos: categories with
+ * fewer than 10 draws in both samples together are pooled. Returns statistic / critical
+ * value at significance 0.001 (Wilson-Hilferty), so < 1 passes. */
+static double chi_square_ratio(const draws *a, const draws *b, int pos, int32_t n_vocab, int *df_out)
+{
+    int32_t *ca = calloc((size_t)n_vocab, sizeof *ca), *cb = calloc((size_t)n_vocab, sizeof *cb);
+    for (int i = 0; i < N_DRAWS; i++) {
+        ca[a->tokens[i][pos]]++;
+        cb[b->tokens[i][pos]]++;
+    }
+    double stat = 0;
+    int df = -1;
+    int32_t pa = 0, pb = 0;
+    for (int32_t t = 0; t < n_vocab; t++) {
+        if (ca[t] + cb[t] < 10) {
+            pa += ca[t];
+            pb += cb[t];
+            continue;
+        }
+        stat += (double)(ca[t] - cb[t]) * (ca[t] - cb[t]) / (ca[t] + cb[t]);
+        df++;
+    }
+    if (pa + pb >= 10) {
+        stat += (double)(pa - pb) * (pa - pb) / (pa + pb);
+        df++;
+    }
+    free(ca);
+    free(cb);
+    *df_out = df;
+    if (df < 1)
+        return 0;
+    double z = 3.0902, h = 2.0 / (9.0 * df);
+    double crit = df * pow(1.0 - h + z * sqrt(h), 3);
+    return stat / crit;
+}
+
+/* The distribution of each of the first sampled tokens after the first (the first comes
+ * from the prompt's step, the rest from verify steps) is the same with and without
+ * speculation: a chi-square test per position at significance 0.001, seeded, so the
+ * verdict is deterministic. The draft model proposes its greedy choice, which a sampled
+ * target rejects often, so both branches of the rule run many times. */
+static void test_sampled_distribution(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    draws *plain = calloc(1, sizeof *plain), *spec = calloc(1, sizeof *spec);
+    pthread_mutex_init(&plain->mu, NULL);
+    pthread_mutex_init(&spec->mu, NULL);
+    draw_slot *slots = calloc(N_DRAWS, sizeof *slots);
+
+    engine_shape sh = {512, 256, 2, BLADE_SPEC_NONE, 3, NULL, 0};
+    blade_error err = {{0}};
+    blade_engine *e = engine_try(m, &sh, &err);
+    assert_non_null(e);
+    sample_many(e, m, 1, plain, slots);
+    blade_engine_free(e, true);
+
+    sh.mode = BLADE_SPEC_DRAFT;
+    sh.draft = draft_path();
+    e = engine_try(m, &sh, &err);
+    if (!e)
+        fail_msg("%s", err.msg);
+    sample_many(e, m, 1000001, spec, slots);
+    blade_engine_stats st;
+    blade_engine_stats_get(e, &st);
+    print_message("sampled: %llu/%llu drafts accepted in %llu verifies\n", (unsigned long long)st.spec_accepted_tokens,
+                  (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_verifies);
+    assert_true(st.spec_accepted_tokens > 500);
+    assert_true(st.spec_draft_tokens - st.spec_accepted_tokens > 300);
+    assert_clean(e, "sampled");
+    blade_engine_free(e, true);
+
+    for (int pos = 1; pos < DRAW_LEN; pos++) {
+        int df;
+        double r = chi_square_ratio(plain, spec, pos, m->hp.n_vocab, &df);
+        print_message("token %d: chi-square / critical value (df %d, alpha 0.001) = %.3f\n", pos, df, r);
+        assert_true(df >= 5);
+        assert_true(r < 1.0);
+    }
+    /* the test tells distributions apart: a sampler that keeps a rejected draft in the
+     * distribution it redraws from fails it at token 2 (checked when it was written), and
+     * here the draws of token 2 pass for token 1's only if the test were blind */
+    draws *shifted = calloc(1, sizeof *shifted);
+    for (int i = 0; i < N_DRAWS; i++)
+        shifted->tokens[i][1] = plain->tokens[i][2];
+    int df;
+    assert_true(chi_square_ratio(plain, shifted, 1, m->hp.n_vocab, &df) > 1.0);
+    free(shifted);
+    pthread_mutex_destroy(&plain->mu);
+    pthread_mutex_destroy(&spec->mu);
+    free(plain);
+    free(spec);
+    free(slots);
+    blade_model_free(m);
+}
+
 static void test_rejects_bad_config(void **state)
 {
     (void)state;
@@ -573,9 +735,13 @@ int main(void)
         cmocka_unit_test(test_ngram_bit_identical),
         cmocka_unit_test(test_draft_model_bit_identical),
         cmocka_unit_test(test_draft_model_refused),
+        cmocka_unit_test(test_sampled_distribution),
         cmocka_unit_test(test_prefix_cache_holds_no_rejected_token),
         cmocka_unit_test(test_stop_inside_accepted_run),
         cmocka_unit_test(test_rejects_bad_config),
     };
+    /* BLADE_TEST_FILTER=pattern runs only the matching tests (while developing) */
+    if (getenv("BLADE_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("BLADE_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -104,8 +104,9 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
     e->spec_out = malloc(rows * sizeof *e->spec_out);
     e->draft_jobs = malloc(seqs * sizeof *e->draft_jobs);
     e->draft_owner = malloc(seqs * sizeof *e->draft_owner);
+    e->spec_probs = malloc((size_t)m->hp.n_vocab * sizeof *e->spec_probs);
     bool scratch = e->row_ids && e->item_row && e->item_out && e->item_bad && e->spec_out && e->draft_jobs &&
-                   e->draft_owner;
+                   e->draft_owner && e->spec_probs;
     if (scratch && e->runner && cfg->spec.mode == BLADE_SPEC_DRAFT) {
         e->draft = spec_draft_new(cfg->spec.draft_model_path, m, cfg->spec.draft_kv_mem_bytes,
                                   (int64_t)n_blocks * cfg->block_size, cfg->block_size, cfg->kv_type, e->pool,
@@ -231,6 +232,7 @@ void blade_engine_free(blade_engine *e, bool drain)
     free(e->spec_out);
     free(e->draft_jobs);
     free(e->draft_owner);
+    free(e->spec_probs);
     spec_draft_free(e->draft);
     blade_runner_free(e->runner);
     blade_scheduler_free(e->sched);

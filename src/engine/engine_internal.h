@@ -78,6 +78,7 @@ struct blade_engine {
     int32_t *item_out;     /* [max_seqs] tokens verification produced for each item */
     int32_t *spec_out;     /* [max_logit_rows] those tokens, at the item's rows */
     bool *item_bad;        /* [max_seqs] verification met a row with no usable logits */
+    float *spec_probs;     /* [n_vocab] a row's distribution, for the rejection rule */
     spec_draft *draft;     /* the draft model, with --spec draft */
     spec_draft_job *draft_jobs; /* [max_seqs] */
     struct request_state **draft_owner; /* [max_seqs] whose job each is */

@@ -19,4 +19,16 @@
 int32_t spec_verify_greedy(blade_sampler *s, const float *rows, int32_t n_vocab, const int32_t *draft,
                            int32_t n_draft, int32_t *out, bool *bad_row);
 
+/* Sampled verification: the standard rejection rule, with p the request's distribution
+ * after every transform it asked for (penalties seeing the tokens accepted so far,
+ * temperature, top-k, top-p, min-p) and q the drafter's. Every drafter here proposes
+ * deterministically (prompt lookup, the draft model's greedy choice), so q is a point mass
+ * on the draft: it is accepted with probability min(1, p(d) / 1) = p(d), and on rejection
+ * the token is drawn from the normalised max(0, p - q), which is p without d. The output is
+ * then distributed exactly as p, draft by draft; after the last accepted draft the next
+ * token is drawn from p. probs is scratch of n_vocab floats. Returns as
+ * spec_verify_greedy does. */
+int32_t spec_verify_sampled(blade_sampler *s, const float *rows, int32_t n_vocab, const int32_t *draft,
+                            int32_t n_draft, float *probs, int32_t *out, bool *bad_row);
+
 #endif

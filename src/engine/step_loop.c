@@ -170,9 +170,6 @@ static int32_t draft_room(const blade_engine *e, const request_state *r)
     if (sc->mode == BLADE_SPEC_NONE || e->cfg.sched.mode == BLADE_SCHED_STATIC || !r->speculative || r->padding ||
         r->seq.state != BLADE_SEQ_RUNNING || r->seq.n_tokens - r->seq.n_computed != 1)
         return 0;
-    /* sampled requests need the rejection rule, which this drafter does not run yet */
-    if (!r->greedy)
-        return 0;
     int32_t room = r->seq.max_total - r->seq.n_tokens;
     int32_t left = r->out.max_tokens - r->out.n_generated;
     room = (room < left ? room : left) - 1;
@@ -231,9 +228,12 @@ static void verify_drafts(blade_engine *e, blade_sched_plan *plan)
             continue;
         request_state *r = (request_state *)it->seq;
         int32_t row = e->item_row[i];
-        int32_t m = spec_verify_greedy(r->out.sampler, e->logits + (size_t)row * n_vocab, n_vocab,
-                                       r->tokens + r->seq.n_tokens, it->n_draft, e->spec_out + row,
-                                       &e->item_bad[i]);
+        const float *logits = e->logits + (size_t)row * n_vocab;
+        const int32_t *draft = r->tokens + r->seq.n_tokens;
+        int32_t m = r->greedy ? spec_verify_greedy(r->out.sampler, logits, n_vocab, draft, it->n_draft,
+                                                   e->spec_out + row, &e->item_bad[i])
+                              : spec_verify_sampled(r->out.sampler, logits, n_vocab, draft, it->n_draft,
+                                                    e->spec_probs, e->spec_out + row, &e->item_bad[i]);
         e->item_out[i] = m;
         it->n_accepted = m > 0 ? m - 1 : 0;
         e->spec_verifies++;

@@ -442,6 +442,70 @@ int32_t blade_sampler_sample(blade_sampler *s, const float *logits)
     return draw(s->keys, s->aux, m, total, u);
 }
 
+int32_t blade_sampler_probs(blade_sampler *s, const float *logits, float *probs)
+{
+    if (!s || !logits)
+        return -1;
+    const blade_sampling_params *p = &s->p;
+    penalise(s, logits);
+    memset(probs, 0, (size_t)s->n_vocab * sizeof *probs);
+    if (p->temperature <= 0.0f) {
+        int32_t best = argmax(s->logits, s->n_vocab);
+        if (best < 0)
+            return -1;
+        probs[best] = 1.0f;
+        return 1;
+    }
+    /* the same candidates and weights blade_sampler_sample draws from */
+    size_t m;
+    bool sorted;
+    if (p->top_k > 0 && p->top_k < s->n_vocab) {
+        m = select_top_k(s->logits, s->n_vocab, (size_t)p->top_k, s->keys);
+        sorted = true;
+    } else {
+        m = gather_finite(s->logits, s->n_vocab, s->keys);
+        sorted = false;
+    }
+    if (m == 0)
+        return -1;
+    double total;
+    m = softmax(s->logits, s->keys, s->aux, m, p->temperature, &total);
+    if (p->top_p < 1.0f)
+        m = cut_top_p(s, m, sorted, p->top_p > 0.0f ? p->top_p : 0.0, &total);
+    if (p->min_p > 0.0f)
+        m = cut_min_p(s->keys, s->aux, m, p->min_p, &total);
+    for (size_t i = 0; i < m; i++)
+        probs[key_id(s->keys[i])] = (float)(s->aux[i].w / total);
+    return (int32_t)m;
+}
+
+double blade_sampler_uniform(blade_sampler *s)
+{
+    return blade_rng_uniform(&s->rng);
+}
+
+int32_t blade_sampler_draw_from(blade_sampler *s, const float *weights)
+{
+    double total = 0.0;
+    int32_t last = -1;
+    for (int32_t i = 0; i < s->n_vocab; i++)
+        if (weights[i] > 0.0f) {
+            total += weights[i];
+            last = i;
+        }
+    if (last < 0)
+        return -1;
+    double target = blade_rng_uniform(&s->rng) * total, cum = 0.0;
+    for (int32_t i = 0; i < last; i++) {
+        if (!(weights[i] > 0.0f))
+            continue;
+        cum += weights[i];
+        if (target < cum)
+            return i;
+    }
+    return last;
+}
+
 void blade_logits_to_logprobs(const float *logits, int32_t n_vocab, float *out)
 {
     float max = -INFINITY;
