@@ -20,6 +20,7 @@ static void bench_usage(FILE *out)
             "       blade bench engine -m MODEL --workload W   (see blade bench engine --help)\n"
             "       blade bench serve --url URL --workload W   measure an OpenAI-compatible endpoint\n"
             "       blade bench ablation -m MODEL --workload W what each serving technique buys\n"
+            "       blade bench spec -m MODEL [--draft-model F] speculative decoding: verify cost, speed-ups\n"
             "       blade bench compare BASE.json NEW.json     fail on a performance regression\n\n"
             "Measures the model runner on this machine:\n"
             "  ppP    prompt processing: one P-token prefill in a single batch, tokens/s\n"
@@ -273,6 +274,8 @@ int cmd_bench(int argc, char **argv)
         return cmd_bench_ablation(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "compare"))
         return cmd_bench_compare(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "spec"))
+        return cmd_bench_spec(argc - 1, argv + 1);
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},       {"n-prompt", required_argument, 0, 'p'},
         {"n-gen", required_argument, 0, 'n'},       {"batches", required_argument, 0, 'b'},
