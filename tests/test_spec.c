@@ -10,6 +10,7 @@
 #include "blade/model.h"
 #include "blade/spec.h"
 #include "blade/synth.h"
+#include "engine/spec_policy.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -185,6 +186,8 @@ static blade_engine *engine_try(const blade_model *m, const engine_shape *sh, bl
     cfg.spec.ngram_min = 1;
     cfg.spec.ngram_max = 4;
     cfg.spec.draft_model_path = sh->draft;
+    /* every k is tried as given; the policy has tests of its own */
+    cfg.spec.adaptive = false;
     /* the draft has the target's shape here */
     cfg.spec.draft_kv_mem_bytes = (size_t)sh->draft_kv_blocks * blade_kv_store_block_bytes(&sc);
     return blade_engine_new(m, &cfg, err);
@@ -702,6 +705,121 @@ static void test_sampled_distribution(void **state)
     blade_model_free(m);
 }
 
+/* ---- the policy ---- */
+
+static void choose(const double *cost, int32_t n_cost, double value, int32_t tokens, double draft_cost,
+                   spec_cand *c, int32_t n)
+{
+    spec_policy_choose(cost, n_cost, value, tokens, draft_cost, c, n);
+}
+
+static void test_policy(void **state)
+{
+    (void)state;
+    double flat[18], linear[18], knee8[18], knee4[18];
+    for (int t = 0; t < 18; t++) {
+        flat[t] = 1;
+        linear[t] = t;
+        knee8[t] = t > 8 ? t / 8.0 : 1;
+        knee4[t] = t > 4 ? t / 4.0 : 1;
+    }
+    spec_cand c[16];
+    /* a light step: a free verify takes every draft allowed */
+    c[0] = (spec_cand){.alpha = 0.8, .k_max = 4};
+    choose(flat, 17, 1, 1, 0, c, 1);
+    assert_int_equal(c[0].k, 4);
+    choose(knee8, 17, 1, 1, 0, c, 1);
+    assert_int_equal(c[0].k, 4);
+    /* a verify that costs a full step per token never pays */
+    choose(linear, 17, 1, 1, 0, c, 1);
+    assert_int_equal(c[0].k, 0);
+    /* 16 decodes already make the step compute-bound: no drafts at all (back-off) */
+    for (int i = 0; i < 16; i++)
+        c[i] = (spec_cand){.alpha = 0.8, .k_max = 4};
+    choose(knee8, 17, 16, 16, 0, c, 16);
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(c[i].k, 0);
+    /* the room before the knee goes to the likeliest drafts */
+    c[0] = (spec_cand){.alpha = 0.9, .k_max = 4};
+    c[1] = (spec_cand){.alpha = 0.3, .k_max = 4};
+    choose(knee4, 17, 2, 2, 0, c, 2);
+    assert_int_equal(c[0].k, 2);
+    assert_int_equal(c[1].k, 0);
+    /* a draft model's own calls count: a 50% draft costing half a step never pays, a 90%
+     * one pays for three drafts but not a fourth */
+    c[0] = (spec_cand){.alpha = 0.5, .k_max = 8};
+    choose(flat, 17, 1, 1, 0.5, c, 1);
+    assert_int_equal(c[0].k, 0);
+    c[0] = (spec_cand){.alpha = 0.9, .k_max = 8};
+    choose(flat, 17, 1, 1, 0.5, c, 1);
+    assert_int_equal(c[0].k, 3);
+    /* past the measured curve, the last slope goes on */
+    c[0] = (spec_cand){.alpha = 0.99, .k_max = 16};
+    choose(knee4, 5, 1, 1, 0, c, 1);
+    assert_true(c[0].k <= 4);
+
+    spec_accept a;
+    spec_accept_init(&a);
+    assert_true(fabs(spec_accept_rate(&a) - 0.5) < 1e-12);
+    spec_accept_update(&a, 4, 4);
+    assert_true(fabs(spec_accept_rate(&a) - 4.9 / 5.8) < 1e-12);
+    spec_accept_update(&a, 4, 0);
+    assert_true(fabs(spec_accept_rate(&a) - 4.41 / 6.22) < 1e-12);
+    spec_accept_update(&a, 0, 0);
+    assert_true(fabs(spec_accept_rate(&a) - 4.41 / 6.22) < 1e-12);
+}
+
+/* The adaptive engine with a given cost curve: where a verify costs a step per token, it
+ * drafts nothing; where it is free, it drafts; the output is plain decoding's either way. */
+static void test_adaptive_engine_backs_off(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    int32_t nv = m->hp.n_vocab;
+    job *jobs = make_jobs(m);
+    result ref[N_PROMPTS];
+    blade_engine *plain = engine_new(m, 256, 256, 2, BLADE_SPEC_NONE, 4);
+    run_all(plain, jobs, N_PROMPTS, ref, nv, true);
+    blade_engine_free(plain, true);
+    for (int flat = 0; flat < 2; flat++) {
+        blade_engine_config cfg;
+        blade_engine_config_default(&cfg);
+        cfg.n_threads = 2;
+        cfg.kv_mem_bytes = 8 << 20;
+        cfg.check_invariants = true;
+        cfg.spec.mode = BLADE_SPEC_NGRAM;
+        cfg.spec.ngram_min = 1;
+        cfg.spec.k = 6;
+        for (int t = 1; t <= cfg.spec.k + 1; t++)
+            cfg.spec.verify_cost[t] = flat ? 1.0 : t;
+        blade_error err = {{0}};
+        blade_engine *e = blade_engine_new(m, &cfg, &err);
+        if (!e)
+            fail_msg("%s", err.msg);
+        result got[N_PROMPTS];
+        run_all(e, jobs, N_PROMPTS, got, nv, false);
+        for (int i = 0; i < N_PROMPTS; i++) {
+            if (jobs[i].temperature == 0)
+                assert_same(&ref[i], &got[i], i, flat ? "adaptive, free verify" : "adaptive, dear verify");
+            result_free(&got[i]);
+        }
+        blade_engine_stats st;
+        blade_engine_stats_get(e, &st);
+        print_message("%s verify: %llu drafts, %llu accepted\n", flat ? "free" : "dear",
+                      (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_accepted_tokens);
+        if (flat)
+            assert_true(st.spec_accepted_tokens > 0);
+        else
+            assert_int_equal(st.spec_draft_tokens, 0);
+        assert_clean(e, "adaptive");
+        blade_engine_free(e, true);
+    }
+    for (int i = 0; i < N_PROMPTS; i++)
+        result_free(&ref[i]);
+    free(jobs);
+    blade_model_free(m);
+}
+
 static void test_rejects_bad_config(void **state)
 {
     (void)state;
@@ -736,6 +854,8 @@ int main(void)
         cmocka_unit_test(test_draft_model_bit_identical),
         cmocka_unit_test(test_draft_model_refused),
         cmocka_unit_test(test_sampled_distribution),
+        cmocka_unit_test(test_policy),
+        cmocka_unit_test(test_adaptive_engine_backs_off),
         cmocka_unit_test(test_prefix_cache_holds_no_rejected_token),
         cmocka_unit_test(test_stop_inside_accepted_run),
         cmocka_unit_test(test_rejects_bad_config),

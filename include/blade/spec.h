@@ -32,9 +32,16 @@ typedef struct blade_spec_config {
     int32_t ngram_max;  /* longest (>= ngram_min) */
     const char *draft_model_path; /* BLADE_SPEC_DRAFT: the draft's GGUF, loaded by the engine */
     size_t draft_kv_mem_bytes;    /* its KV budget; 0: as many tokens as the target's KV holds */
+    /* Choose each sequence's k per step (at most k) from its acceptance so far and what a
+     * step of T tokens costs on this machine, backing off when the step is compute-bound
+     * (default). False: always draft k (tests, benchmarks of a fixed k). */
+    bool adaptive;
+    /* The cost of a step of T new tokens relative to one, T = 1..k+1 (index T); all zero:
+     * measured when the engine starts. */
+    double verify_cost[BLADE_SPEC_MAX_K + 2];
 } blade_spec_config;
 
-/* Off; k 4, n-grams of 2..4 tokens when turned on. */
+/* Off; k 4, adaptive, n-grams of 2..4 tokens when turned on. */
 void blade_spec_config_default(blade_spec_config *c);
 const char *blade_spec_mode_name(blade_spec_mode m);
 /* "none", "ngram", "draft" -> mode; -1 for anything else. */

@@ -29,6 +29,7 @@ const struct option cli_engine_longopts[] = {
     {"ngram-max", required_argument, 0, OPT_NGRAM_MAX},
     {"draft-model", required_argument, 0, OPT_DRAFT_MODEL},
     {"draft-kv-mem", required_argument, 0, OPT_DRAFT_KV_MEM},
+    {"spec-fixed-k", no_argument, 0, OPT_SPEC_FIXED_K},
 };
 const size_t cli_engine_longopts_count = sizeof cli_engine_longopts / sizeof cli_engine_longopts[0];
 
@@ -59,7 +60,10 @@ void cli_engine_usage(FILE *out)
             "                             draft (--draft-model); greedy output is bit-identical either way\n"
             "      --draft-model FILE     a GGUF with this model's vocabulary drafts (implies --spec draft)\n"
             "      --draft-kv-mem SIZE    the draft's KV memory (default: as many tokens as --kv-mem holds)\n"
-            "      --spec-k N             most drafted tokens per sequence and step (default 4, max %d)\n"
+            "      --spec-k N             most drafted tokens per sequence and step (default 4, max %d); each\n"
+            "                             step picks fewer from each request's acceptance and the verify cost\n"
+            "                             measured at start, none when the step is compute-bound\n"
+            "      --spec-fixed-k         always draft --spec-k tokens (to measure a given k)\n"
             "      --ngram-min N, --ngram-max N  suffix lengths prompt lookup tries (default 2..4)\n"
             "baseline modes (to measure what each technique buys):\n"
             "      --scheduler static     request-level batching: form a batch and run it to completion,\n"
@@ -188,6 +192,7 @@ int cli_engine_option(cli_engine_options *o, int code, const char *arg)
         c->spec.mode = (blade_spec_mode)mode;
         return 1;
     }
+    case OPT_SPEC_FIXED_K: c->spec.adaptive = false; return 1;
     case OPT_SPEC_K:
     case OPT_NGRAM_MIN:
     case OPT_NGRAM_MAX: {
@@ -242,9 +247,10 @@ void cli_engine_describe(FILE *out, const cli_engine_options *o, blade_engine *e
             c->prefix_caching ? "on" : "OFF", c->sched.mode == BLADE_SCHED_STATIC ? "OFF (static)" : "on",
             c->sched.chunked_prefill ? "on" : "OFF", blade_spec_mode_name(c->spec.mode));
     if (c->spec.mode == BLADE_SPEC_NGRAM)
-        fprintf(out, " (k %d, n-grams %d..%d)", c->spec.k, c->spec.ngram_min, c->spec.ngram_max);
+        fprintf(out, " (k %s%d, n-grams %d..%d)", c->spec.adaptive ? "<= " : "", c->spec.k, c->spec.ngram_min,
+                c->spec.ngram_max);
     if (c->spec.mode == BLADE_SPEC_DRAFT)
-        fprintf(out, " (k %d, draft %s)", c->spec.k, c->spec.draft_model_path);
+        fprintf(out, " (k %s%d, draft %s)", c->spec.adaptive ? "<= " : "", c->spec.k, c->spec.draft_model_path);
     fprintf(out, "\n");
     fprintf(out, "KV cache: %.2f GiB of %s = %lld tokens = %lld full-context (%d-token) sequences; "
                  "step budget %d tokens, %d sequences\n",

@@ -33,6 +33,7 @@ enum cli_engine_opt {
     OPT_NGRAM_MAX,
     OPT_DRAFT_MODEL,
     OPT_DRAFT_KV_MEM,
+    OPT_SPEC_FIXED_K,
 };
 
 typedef struct cli_engine_options {

@@ -47,6 +47,37 @@ static void model_identity(const blade_model *m, uint8_t out[BLADE_HASH_BYTES])
     EVP_Digest(m->file->map, m->file->data_offset, out, &len, EVP_sha256(), NULL);
 }
 
+/* The policy's cost curve: given, or measured now on this machine (before any request,
+ * in blocks nobody holds). Without it the engine drafts a fixed k. */
+static void calibrate_policy(blade_engine *e)
+{
+    const blade_spec_config *sc = &e->cfg.spec;
+    int32_t n = sc->k + 1;
+    double one = 0;
+    if (sc->verify_cost[1] > 0) {
+        memcpy(e->spec_cost, sc->verify_cost, sizeof e->spec_cost);
+        one = 1;
+    } else if (spec_measure_cost(e->runner, e->m->hp.n_vocab, e->store->n_blocks, e->cfg.block_size, e->spec_cost, n,
+                                 &one)) {
+        return;
+    }
+    e->n_spec_cost = n;
+    e->draft_cost = 0;
+    if (e->draft) {
+        double d = spec_draft_step_seconds(e->draft);
+        if (d < 0)
+            return;
+        /* a given curve is in units of the target's step, which is then measured alone */
+        if (sc->verify_cost[1] > 0) {
+            double c[2];
+            if (spec_measure_cost(e->runner, e->m->hp.n_vocab, e->store->n_blocks, e->cfg.block_size, c, 1, &one))
+                return;
+        }
+        e->draft_cost = d / one;
+    }
+    e->adaptive = true;
+}
+
 blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *cfg, blade_error *err)
 {
     if (validate_spec(&cfg->spec, err))
@@ -105,8 +136,10 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
     e->draft_jobs = malloc(seqs * sizeof *e->draft_jobs);
     e->draft_owner = malloc(seqs * sizeof *e->draft_owner);
     e->spec_probs = malloc((size_t)m->hp.n_vocab * sizeof *e->spec_probs);
+    e->cands = malloc(seqs * sizeof *e->cands);
+    e->cand_owner = malloc(seqs * sizeof *e->cand_owner);
     bool scratch = e->row_ids && e->item_row && e->item_out && e->item_bad && e->spec_out && e->draft_jobs &&
-                   e->draft_owner && e->spec_probs;
+                   e->draft_owner && e->spec_probs && e->cands && e->cand_owner;
     if (scratch && e->runner && cfg->spec.mode == BLADE_SPEC_DRAFT) {
         e->draft = spec_draft_new(cfg->spec.draft_model_path, m, cfg->spec.draft_kv_mem_bytes,
                                   (int64_t)n_blocks * cfg->block_size, cfg->block_size, cfg->kv_type, e->pool,
@@ -127,6 +160,8 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
         blade_engine_free(e, false);
         return NULL;
     }
+    if (cfg->spec.mode != BLADE_SPEC_NONE && cfg->spec.adaptive)
+        calibrate_policy(e);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->work, NULL);
     pthread_cond_init(&e->idle, NULL);
@@ -233,6 +268,8 @@ void blade_engine_free(blade_engine *e, bool drain)
     free(e->draft_jobs);
     free(e->draft_owner);
     free(e->spec_probs);
+    free(e->cands);
+    free(e->cand_owner);
     spec_draft_free(e->draft);
     blade_runner_free(e->runner);
     blade_scheduler_free(e->sched);

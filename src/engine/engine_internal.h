@@ -17,6 +17,7 @@
 #include "blade/scheduler.h"
 #include "engine/request_output.h"
 #include "engine/spec_draft.h"
+#include "engine/spec_policy.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -35,6 +36,8 @@ typedef struct request_state {
     bool speculative; /* the request lets the engine draft for it */
     bool greedy;      /* temperature 0 */
     spec_draft_seq draft; /* its state in the draft model, with --spec draft */
+    spec_accept accept;   /* how often its drafts are kept */
+    int32_t spec_k;       /* drafts it may carry this step (engine thread) */
     /* Static batching only: answered in full, but its seat in the batch keeps computing
      * (tokens nobody sees) until every member has finished, as in a fixed-shape batch. */
     bool padding;
@@ -82,6 +85,12 @@ struct blade_engine {
     spec_draft *draft;     /* the draft model, with --spec draft */
     spec_draft_job *draft_jobs; /* [max_seqs] */
     struct request_state **draft_owner; /* [max_seqs] whose job each is */
+    spec_cand *cands;      /* [max_seqs] the policy's candidates ... */
+    struct request_state **cand_owner; /* ... and whose each is */
+    bool adaptive;         /* the policy chooses k (the cost curve is known) */
+    double spec_cost[BLADE_SPEC_MAX_K + 2]; /* a step of T tokens relative to one */
+    int32_t n_spec_cost;
+    double draft_cost;     /* one draft-model call relative to a one-token target step */
     uint64_t spec_verifies, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accept_hist[BLADE_SPEC_MAX_K + 1];
     uint64_t computed_tokens, generated_tokens, finished;

@@ -123,6 +123,7 @@ static request_state *new_choice(const blade_engine *e, const blade_request *q, 
     r->pin_prefix = q->pin_prefix;
     r->speculative = q->speculative;
     r->greedy = q->sampling.temperature == 0;
+    spec_accept_init(&r->accept);
     r->seq.cls = q->cls;
     if (first) {
         r->tokens = malloc((size_t)first->cap_tokens * sizeof *r->tokens);

@@ -3,6 +3,7 @@
  * matters is how often the two models agree, and argmax is the draft's best guess. */
 
 #include "engine/spec_draft.h"
+#include "engine/spec_policy.h"
 
 #include "blade/kv_store.h"
 #include "blade/runner.h"
@@ -110,6 +111,15 @@ void spec_draft_free(spec_draft *d)
     blade_kv_store_free(d->store);
     blade_model_free(d->m);
     free(d);
+}
+
+double spec_draft_step_seconds(spec_draft *d)
+{
+    double cost[2], one;
+    if (spec_measure_cost(d->runner, d->m->hp.n_vocab, d->store->n_blocks, blade_kv_cache_block_size(d->kv), cost, 1,
+                          &one))
+        return -1;
+    return one;
 }
 
 void spec_draft_seq_init(spec_draft *d, spec_draft_seq *s)

@@ -53,6 +53,10 @@ spec_draft *spec_draft_new(const char *path, const blade_model *target, size_t k
                            blade_threadpool *pool, int32_t max_batch_tokens, int32_t max_seqs, blade_error *err);
 void spec_draft_free(spec_draft *d);
 
+/* Seconds of a one-token draft step (for the policy's draft cost); -1 when it cannot be
+ * measured. Call before any sequence holds draft KV. */
+double spec_draft_step_seconds(spec_draft *d);
+
 void spec_draft_seq_init(spec_draft *d, spec_draft_seq *s);
 /* Gives the sequence's draft KV back (it is caught up again from scratch when it next
  * speculates). */

@@ -7,36 +7,6 @@
 
 #include <string.h>
 
-void blade_spec_config_default(blade_spec_config *c)
-{
-    memset(c, 0, sizeof *c);
-    c->mode = BLADE_SPEC_NONE;
-    c->k = 4;
-    c->ngram_min = 2;
-    c->ngram_max = 4;
-}
-
-const char *blade_spec_mode_name(blade_spec_mode m)
-{
-    switch (m) {
-    case BLADE_SPEC_NONE: return "none";
-    case BLADE_SPEC_NGRAM: return "ngram";
-    case BLADE_SPEC_DRAFT: return "draft";
-    }
-    return "?";
-}
-
-int blade_spec_mode_parse(const char *s)
-{
-    if (!strcmp(s, "none") || !strcmp(s, "off"))
-        return BLADE_SPEC_NONE;
-    if (!strcmp(s, "ngram"))
-        return BLADE_SPEC_NGRAM;
-    if (!strcmp(s, "draft"))
-        return BLADE_SPEC_DRAFT;
-    return -1;
-}
-
 int32_t blade_ngram_propose(const int32_t *tokens, int32_t n, int32_t n_min, int32_t n_max, int32_t k,
                             int32_t *out)
 {

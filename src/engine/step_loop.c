@@ -176,6 +176,32 @@ static int32_t draft_room(const blade_engine *e, const request_state *r)
     return room < sc->k ? room : sc->k;
 }
 
+/* The policy's k for every sequence that may speculate: what the step computes anyway
+ * (its decodes, and the prefill it will take up to the budget) sets what drafts cost and
+ * what they must beat. */
+static void choose_k(blade_engine *e)
+{
+    int32_t n = 0, decodes = 0;
+    int64_t pending = 0;
+    for (request_state *r = e->live; r; r = r->next_live) {
+        int32_t need = r->seq.n_tokens - r->seq.n_computed;
+        if (r->seq.state == BLADE_SEQ_RUNNING && need == 1)
+            decodes++;
+        else if (r->seq.state != BLADE_SEQ_FINISHED)
+            pending += need;
+        if (r->spec_k > 0 && n < e->cfg.sched.max_seqs) {
+            e->cands[n] = (spec_cand){.alpha = spec_accept_rate(&r->accept), .k_max = r->spec_k};
+            e->cand_owner[n++] = r;
+        }
+    }
+    /* a prefill token is work the step does anyway, as useful as a decoded one */
+    int64_t budget = e->cfg.sched.max_batch_tokens, base = decodes + pending;
+    int32_t work = (int32_t)(base < budget ? base : budget);
+    spec_policy_choose(e->spec_cost, e->n_spec_cost, work, work, e->draft_cost, e->cands, n);
+    for (int32_t i = 0; i < n; i++)
+        e->cand_owner[i]->spec_k = e->cands[i].k;
+}
+
 /* The draft model drafts for all speculating sequences together. A preempted sequence
  * gives its draft KV back: it may wait long, and others can use the room meanwhile. */
 static void propose_with_draft_model(blade_engine *e)
@@ -184,11 +210,10 @@ static void propose_with_draft_model(blade_engine *e)
     for (request_state *r = e->live; r; r = r->next_live) {
         if (r->seq.state == BLADE_SEQ_WAITING && r->draft.kv.n_blocks)
             spec_draft_seq_release(e->draft, &r->draft);
-        int32_t k = draft_room(e, r);
-        if (k > 0 && n < e->cfg.sched.max_seqs) {
+        if (r->spec_k > 0 && n < e->cfg.sched.max_seqs) {
             e->draft_owner[n] = r;
             e->draft_jobs[n++] = (spec_draft_job){.seq = &r->draft, .tokens = r->tokens,
-                                                  .n_tokens = r->seq.n_tokens, .k = k,
+                                                  .n_tokens = r->seq.n_tokens, .k = r->spec_k,
                                                   .out = r->tokens + r->seq.n_tokens};
         }
     }
@@ -203,18 +228,22 @@ static void propose_with_draft_model(blade_engine *e)
 static void propose_drafts(blade_engine *e)
 {
     const blade_spec_config *sc = &e->cfg.spec;
-    for (request_state *r = e->live; r; r = r->next_live)
+    for (request_state *r = e->live; r; r = r->next_live) {
         r->seq.n_draft = 0;
+        r->spec_k = draft_room(e, r);
+    }
+    if (sc->mode == BLADE_SPEC_NONE)
+        return;
+    if (e->adaptive)
+        choose_k(e);
     if (sc->mode == BLADE_SPEC_DRAFT) {
         propose_with_draft_model(e);
         return;
     }
-    for (request_state *r = e->live; r; r = r->next_live) {
-        int32_t k = sc->mode == BLADE_SPEC_NGRAM ? draft_room(e, r) : 0;
-        if (k > 0)
-            r->seq.n_draft = blade_ngram_propose(r->tokens, r->seq.n_tokens, sc->ngram_min, sc->ngram_max, k,
+    for (request_state *r = e->live; r; r = r->next_live)
+        if (r->spec_k > 0)
+            r->seq.n_draft = blade_ngram_propose(r->tokens, r->seq.n_tokens, sc->ngram_min, sc->ngram_max, r->spec_k,
                                                  r->tokens + r->seq.n_tokens);
-    }
 }
 
 /* Decides, for every planned verify chunk, which tokens the step produces, and tells the
@@ -240,6 +269,7 @@ static void verify_drafts(blade_engine *e, blade_sched_plan *plan)
         e->spec_draft_tokens += (uint64_t)it->n_draft;
         e->spec_accepted_tokens += (uint64_t)it->n_accepted;
         e->spec_accept_hist[it->n_accepted]++;
+        spec_accept_update(&r->accept, it->n_draft, it->n_accepted);
     }
 }
 
