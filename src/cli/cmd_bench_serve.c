@@ -628,6 +628,7 @@ static const struct technique {
     {"prefix caching", {"--no-prefix-cache"}, {NULL}},
     {"chunked prefill", {"--no-chunked-prefill"}, {NULL}},
     {"8-bit KV cache (q8_0)", {"--kv-type", "f16"}, {"--kv-type", "q8_0"}},
+    {"speculative decoding (n-gram, adaptive k)", {"--spec", "none"}, {"--spec", "ngram"}},
 };
 #define N_TECHNIQUES (sizeof techniques / sizeof techniques[0])
 #define MAX_PASS 32
@@ -651,8 +652,9 @@ static void ablation_usage(FILE *out)
             "Reproduces what each serving technique buys. Starts `blade serve` (this binary) on a free loopback\n"
             "port once per configuration, from the naive baseline (static batching, contiguous KV reservation, no\n"
             "prefix cache, no chunked prefill, f16 KV) adding one technique at a time (continuous batching, paged\n"
-            "KV, prefix caching, chunked prefill, --kv-type q8_0: everything on), runs the same seeded workload\n"
-            "against each, stops it with SIGTERM, and prints one table: throughput, TTFT and TPOT p50/p99, KV\n"
+            "KV, prefix caching, chunked prefill, --kv-type q8_0, --spec ngram: everything on), runs the same\n"
+            "seeded workload against each, stops it with SIGTERM, and prints one table: throughput, TTFT and\n"
+            "TPOT p50/p99, KV\n"
             "slot utilisation (token slots used / allocated, when /metrics exposes blade:kv_utilisation), cost\n"
             "per million tokens, and each row's ratio to the baseline.\n"
             "Requests carry ignore_eos, so every configuration generates the same tokens. Each server's output\n"
