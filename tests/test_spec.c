@@ -303,6 +303,22 @@ static job *make_jobs(const blade_model *m)
     return jobs;
 }
 
+static void run_all(blade_engine *e, const job *jobs, int n, result *out, int32_t n_vocab, bool one_by_one);
+
+/* The reference: each job alone in an engine without speculation. */
+static void run_plain(const blade_model *m, const job *jobs, int n, result *out)
+{
+    blade_engine *plain = engine_new(m, 512, 256, 2, BLADE_SPEC_NONE, 4);
+    run_all(plain, jobs, n, out, m->hp.n_vocab, true);
+    blade_engine_free(plain, true);
+}
+
+static void free_results(result *r, int n)
+{
+    for (int i = 0; i < n; i++)
+        result_free(&r[i]);
+}
+
 static void run_all(blade_engine *e, const job *jobs, int n, result *out, int32_t n_vocab, bool one_by_one)
 {
     for (int i = 0; i < n; i++) {
@@ -325,9 +341,7 @@ static void check_bit_identical(const engine_shape *shapes, size_t n_shapes)
     job *jobs = make_jobs(m);
 
     result ref[N_PROMPTS];
-    blade_engine *plain = engine_new(m, 256, 256, 2, BLADE_SPEC_NONE, 4);
-    run_all(plain, jobs, N_PROMPTS, ref, nv, true);
-    blade_engine_free(plain, true);
+    run_plain(m, jobs, N_PROMPTS, ref);
 
     for (size_t c = 0; c < n_shapes; c++) {
         const engine_shape *sh = &shapes[c];
@@ -365,8 +379,7 @@ static void check_bit_identical(const engine_shape *shapes, size_t n_shapes)
         assert_clean(e, what);
         blade_engine_free(e, true);
     }
-    for (int i = 0; i < N_PROMPTS; i++)
-        result_free(&ref[i]);
+    free_results(ref, N_PROMPTS);
     free(jobs);
     blade_model_free(m);
 }
@@ -475,9 +488,7 @@ static void test_prefix_cache_holds_no_rejected_token(void **state)
     assert_clean(e, "second round");
     blade_engine_free(e, true);
 
-    blade_engine *plain = engine_new(m, 512, 256, 2, BLADE_SPEC_NONE, 4);
-    run_all(plain, again, N_PROMPTS, ref, nv, true);
-    blade_engine_free(plain, true);
+    run_plain(m, again, N_PROMPTS, ref);
     for (int i = 0; i < N_PROMPTS; i++) {
         assert_same(&ref[i], &got[i], i, "prompt + speculative output, from the prefix cache");
         result_free(&got[i]);
@@ -498,9 +509,7 @@ static void test_stop_inside_accepted_run(void **state)
     int32_t nv = m->hp.n_vocab;
     job *jobs = make_jobs(m);
     result ref[N_PROMPTS];
-    blade_engine *plain = engine_new(m, 256, 256, 2, BLADE_SPEC_NONE, 4);
-    run_all(plain, jobs, N_PROMPTS, ref, nv, true);
-    blade_engine_free(plain, true);
+    run_plain(m, jobs, N_PROMPTS, ref);
 
     /* each stop string is a piece of the plain output's middle; each max_tokens is odd */
     char stops[N_PROMPTS][16];
@@ -521,9 +530,7 @@ static void test_stop_inside_accepted_run(void **state)
         }
     }
     result plain_cut[N_PROMPTS], got[N_PROMPTS];
-    plain = engine_new(m, 256, 256, 2, BLADE_SPEC_NONE, 4);
-    run_all(plain, cut, N_PROMPTS, plain_cut, nv, true);
-    blade_engine_free(plain, true);
+    run_plain(m, cut, N_PROMPTS, plain_cut);
     blade_engine *e = engine_new(m, 256, 256, 2, BLADE_SPEC_NGRAM, 8);
     run_all(e, cut, N_PROMPTS, got, nv, false);
     blade_engine_stats st;
@@ -778,9 +785,7 @@ static void test_adaptive_engine_backs_off(void **state)
     int32_t nv = m->hp.n_vocab;
     job *jobs = make_jobs(m);
     result ref[N_PROMPTS];
-    blade_engine *plain = engine_new(m, 256, 256, 2, BLADE_SPEC_NONE, 4);
-    run_all(plain, jobs, N_PROMPTS, ref, nv, true);
-    blade_engine_free(plain, true);
+    run_plain(m, jobs, N_PROMPTS, ref);
     for (int flat = 0; flat < 2; flat++) {
         blade_engine_config cfg;
         blade_engine_config_default(&cfg);
@@ -814,8 +819,7 @@ static void test_adaptive_engine_backs_off(void **state)
         assert_clean(e, "adaptive");
         blade_engine_free(e, true);
     }
-    for (int i = 0; i < N_PROMPTS; i++)
-        result_free(&ref[i]);
+    free_results(ref, N_PROMPTS);
     free(jobs);
     blade_model_free(m);
 }

@@ -58,6 +58,9 @@ int32_t blade_sampler_sample(blade_sampler *s, const float *logits);
  * nothing from the stream. Returns the number of tokens left, -1 when every logit is -inf
  * or NaN. Speculative decoding's rejection rule needs this p. */
 int32_t blade_sampler_probs(blade_sampler *s, const float *logits, float *probs);
+/* The index of the largest entry (the lowest on ties; NaN never chosen), -1 when none is
+ * above -inf: greedy choice over a row of logits. */
+int32_t blade_argmax(const float *logits, int32_t n);
 /* One uniform in [0, 1) from the sampler's own stream. */
 double blade_sampler_uniform(blade_sampler *s);
 /* Draws a token with probability proportional to weights (n_vocab entries, those <= 0 or

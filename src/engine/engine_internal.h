@@ -34,7 +34,6 @@ typedef struct request_state {
     struct request_state *followers; /* choices 1..n-1, started once choice 0 has the prompt cached */
     bool pin_prefix;
     bool speculative; /* the request lets the engine draft for it */
-    bool greedy;      /* temperature 0 */
     spec_draft_seq draft; /* its state in the draft model, with --spec draft */
     spec_accept accept;   /* how often its drafts are kept */
     int32_t spec_k;       /* drafts it may carry this step (engine thread) */

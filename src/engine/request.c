@@ -122,7 +122,6 @@ static request_state *new_choice(const blade_engine *e, const blade_request *q, 
         return blade_error_set(err, "out of memory"), NULL;
     r->pin_prefix = q->pin_prefix;
     r->speculative = q->speculative;
-    r->greedy = q->sampling.temperature == 0;
     spec_accept_init(&r->accept);
     r->seq.cls = q->cls;
     if (first) {

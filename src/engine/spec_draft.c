@@ -7,9 +7,9 @@
 
 #include "blade/kv_store.h"
 #include "blade/runner.h"
+#include "blade/sampler.h"
 #include "blade/tokenizer.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,20 +140,6 @@ void spec_draft_seq_destroy(spec_draft_seq *s)
     blade_kv_cache_seq_destroy(&s->kv);
 }
 
-/* The draft's greedy choice (lowest id on ties, NaN never chosen); -1 when no logit is
- * finite. */
-static int32_t argmax(const float *x, int32_t n)
-{
-    int32_t best = -1;
-    float v = -INFINITY;
-    for (int32_t i = 0; i < n; i++)
-        if (x[i] > v) {
-            v = x[i];
-            best = i;
-        }
-    return best;
-}
-
 /* Keeps the fed drafts that became the sequence's tokens; the rest of the draft KV is
  * rolled back. */
 static void catch_up_state(spec_draft *d, spec_draft_job *j)
@@ -223,7 +209,7 @@ int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, blad
         spec_draft_job *j = &jobs[d->job_of[b]];
         j->seq->n_computed += d->batch[b].n_tokens;
         if (d->batch[b].n_logits) {
-            int32_t t = argmax(d->logits + (size_t)b * n_vocab, n_vocab);
+            int32_t t = blade_argmax(d->logits + (size_t)b * n_vocab, n_vocab);
             if (t >= 0)
                 j->out[j->n_out++] = t;
             if (j->k > k_max)
@@ -260,7 +246,7 @@ int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, blad
         }
         for (int32_t b = 0; b < n; b++) {
             spec_draft_job *j = &jobs[d->job_of[b]];
-            int32_t t = argmax(d->logits + (size_t)b * n_vocab, n_vocab);
+            int32_t t = blade_argmax(d->logits + (size_t)b * n_vocab, n_vocab);
             if (t >= 0)
                 j->out[j->n_out++] = t;
         }

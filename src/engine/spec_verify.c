@@ -1,30 +1,11 @@
-/* Draft acceptance (spec_verify.h). Greedy acceptance is exact: a kept draft is the token
- * plain decoding would have chosen at that position, and the token after the run is the
- * one plain decoding chooses from the same row, so the output cannot differ. Sampled
- * acceptance keeps the output's distribution (not its random stream) the same. */
+/* Draft acceptance (spec_verify.h): one rule for greedy and sampled requests, since a
+ * greedy request's distribution is a point mass and the rule then keeps exactly the drafts
+ * plain decoding would have produced. */
 
 #include "engine/spec_verify.h"
 
-int32_t spec_verify_greedy(blade_sampler *s, const float *rows, int32_t n_vocab, const int32_t *draft,
-                           int32_t n_draft, int32_t *out, bool *bad_row)
-{
-    *bad_row = false;
-    for (int32_t j = 0; j <= n_draft; j++) {
-        int32_t t = blade_sampler_sample(s, rows + (size_t)j * (size_t)n_vocab);
-        if (t < 0) {
-            *bad_row = true;
-            return j;
-        }
-        out[j] = t;
-        blade_sampler_accept(s, t, true);
-        if (j == n_draft || t != draft[j])
-            return j + 1;
-    }
-    return n_draft + 1;
-}
-
-int32_t spec_verify_sampled(blade_sampler *s, const float *rows, int32_t n_vocab, const int32_t *draft,
-                            int32_t n_draft, float *probs, int32_t *out, bool *bad_row)
+int32_t spec_verify(blade_sampler *s, const float *rows, int32_t n_vocab, const int32_t *draft, int32_t n_draft,
+                    float *probs, int32_t *out, bool *bad_row)
 {
     *bad_row = false;
     for (int32_t j = 0; j <= n_draft; j++) {

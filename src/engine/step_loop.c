@@ -117,16 +117,11 @@ static void finish(blade_engine *e, request_state *r, blade_finish_reason why, c
 
 /* ---- one row of logits ---- */
 
-/* Samples the next token of a choice from one row of logits, appends it to the sequence
- * and emits it. Returns true when the choice is finished: r may then be gone, and no
- * further row of it may be emitted. */
-static bool emit_token(blade_engine *e, request_state *r, const float *logits)
+/* Appends a chosen token (already in the sampler's history) to the sequence and emits it.
+ * Returns true when the choice is finished: r may then be gone, and no further row of it
+ * may be emitted. */
+static bool emit_chosen(blade_engine *e, request_state *r, int32_t id, const float *logits)
 {
-    int32_t id = request_output_sample(&r->out, logits);
-    if (id < 0) {
-        finish(e, r, BLADE_FINISH_ERROR, "the model produced no usable logits (all NaN or -inf)");
-        return true;
-    }
     if (r->padding) {
         r->tokens[r->seq.n_tokens++] = id;
         if (r->seq.n_tokens < r->seq.max_total)
@@ -145,19 +140,16 @@ static bool emit_token(blade_engine *e, request_state *r, const float *logits)
     return true;
 }
 
-/* Emits a token that verification chose (and recorded in the sampler) from one of a verify
- * chunk's rows. Returns true when the choice is finished, as emit_token does. */
-static bool emit_verified(blade_engine *e, request_state *r, int32_t id, const float *logits)
+/* Samples the next token of a choice from one row of logits and emits it, as
+ * emit_chosen. */
+static bool emit_token(blade_engine *e, request_state *r, const float *logits)
 {
-    release_followers(e, r);
-    r->tokens[r->seq.n_tokens++] = id;
-    e->generated_tokens++;
-    blade_finish_reason why = request_output_token_verified(&r->out, &e->vocab, &r->seq, id, logits);
-    if (why == BLADE_FINISH_NONE)
-        return false;
-    e->finished++;
-    end_request(e, r, why);
-    return true;
+    int32_t id = request_output_sample(&r->out, logits);
+    if (id < 0) {
+        finish(e, r, BLADE_FINISH_ERROR, "the model produced no usable logits (all NaN or -inf)");
+        return true;
+    }
+    return emit_chosen(e, r, id, logits);
 }
 
 /* ---- speculative decoding ---- */
@@ -259,10 +251,8 @@ static void verify_drafts(blade_engine *e, blade_sched_plan *plan)
         int32_t row = e->item_row[i];
         const float *logits = e->logits + (size_t)row * n_vocab;
         const int32_t *draft = r->tokens + r->seq.n_tokens;
-        int32_t m = r->greedy ? spec_verify_greedy(r->out.sampler, logits, n_vocab, draft, it->n_draft,
-                                                   e->spec_out + row, &e->item_bad[i])
-                              : spec_verify_sampled(r->out.sampler, logits, n_vocab, draft, it->n_draft,
-                                                    e->spec_probs, e->spec_out + row, &e->item_bad[i]);
+        int32_t m = spec_verify(r->out.sampler, logits, n_vocab, draft, it->n_draft, e->spec_probs,
+                                e->spec_out + row, &e->item_bad[i]);
         e->item_out[i] = m;
         it->n_accepted = m > 0 ? m - 1 : 0;
         e->spec_verifies++;
@@ -281,7 +271,7 @@ static void emit_verified_run(blade_engine *e, const blade_sched_plan *plan, int
     request_state *r = (request_state *)plan->items[i].seq;
     int32_t row = e->item_row[i];
     for (int32_t j = 0; j < e->item_out[i]; j++)
-        if (emit_verified(e, r, e->spec_out[row + j], e->logits + (size_t)(row + j) * n_vocab))
+        if (emit_chosen(e, r, e->spec_out[row + j], e->logits + (size_t)(row + j) * n_vocab))
             return;
     if (e->item_bad[i])
         finish(e, r, BLADE_FINISH_ERROR, "the model produced no usable logits (all NaN or -inf)");
