@@ -186,6 +186,7 @@ static blade_engine *engine_try(const blade_model *m, const engine_shape *sh, bl
     cfg.spec.ngram_min = 1;
     cfg.spec.ngram_max = 4;
     cfg.spec.draft_model_path = sh->draft;
+    cfg.spec.self_layers = 4;
     /* every k is tried as given; the policy has tests of its own */
     cfg.spec.adaptive = false;
     /* the draft has the target's shape here */
@@ -411,6 +412,18 @@ static void test_draft_model_bit_identical(void **state)
     check_bit_identical(shapes, sizeof shapes / sizeof shapes[0]);
 }
 
+/* Self-draft: the target's own first layers draft (stories260K was not trained for early
+ * exit, so many drafts are rejected: both paths run). */
+static void test_self_draft_bit_identical(void **state)
+{
+    (void)state;
+    static const engine_shape shapes[] = {
+        {256, 256, 2, BLADE_SPEC_SELF, 4, NULL, 0},
+        {40, 24, 3, BLADE_SPEC_SELF, 6, NULL, 0},
+    };
+    check_bit_identical(shapes, sizeof shapes / sizeof shapes[0]);
+}
+
 /* A draft that cannot draft for the target is refused with the reason; nothing crashes. */
 static void test_draft_model_refused(void **state)
 {
@@ -445,6 +458,15 @@ static void test_draft_model_refused(void **state)
         fail_msg("%s", err.msg);
     assert_null(engine_try(m, &sh, &err));
     assert_non_null(strstr(err.msg, "400 tokens"));
+
+    /* self-draft needs fewer layers than the model has */
+    blade_engine_config cfg;
+    blade_engine_config_default(&cfg);
+    cfg.kv_mem_bytes = 1 << 20;
+    cfg.spec.mode = BLADE_SPEC_SELF;
+    cfg.spec.self_layers = m->hp.n_layer;
+    assert_null(blade_engine_new(m, &cfg, &err));
+    assert_non_null(strstr(err.msg, "--self-layers"));
 
     /* and the right one loads */
     sh.draft = draft_path();
@@ -844,6 +866,8 @@ static void test_rejects_bad_config(void **state)
     assert_null(blade_engine_new(m, &cfg, &err));
     assert_non_null(strstr(err.msg, "ngram"));
     assert_int_equal(blade_spec_mode_parse("ngram"), BLADE_SPEC_NGRAM);
+    assert_int_equal(blade_spec_mode_parse("self"), BLADE_SPEC_SELF);
+    assert_int_equal(blade_spec_mode_parse("draft"), BLADE_SPEC_DRAFT);
     assert_int_equal(blade_spec_mode_parse("none"), BLADE_SPEC_NONE);
     assert_int_equal(blade_spec_mode_parse("bogus"), -1);
     blade_model_free(m);
@@ -856,6 +880,7 @@ int main(void)
         cmocka_unit_test(test_kv_truncate),
         cmocka_unit_test(test_ngram_bit_identical),
         cmocka_unit_test(test_draft_model_bit_identical),
+        cmocka_unit_test(test_self_draft_bit_identical),
         cmocka_unit_test(test_draft_model_refused),
         cmocka_unit_test(test_sampled_distribution),
         cmocka_unit_test(test_policy),

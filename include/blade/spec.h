@@ -23,6 +23,9 @@ typedef enum blade_spec_mode {
     /* a smaller model with the same vocabulary drafts, batched across all speculating
      * sequences, with its own paged KV */
     BLADE_SPEC_DRAFT = 2,
+    /* self-draft: the target's own first self_layers layers, then its final norm and
+     * classifier (early exit), with their own small KV; no extra weights */
+    BLADE_SPEC_SELF = 3,
 } blade_spec_mode;
 
 typedef struct blade_spec_config {
@@ -32,6 +35,7 @@ typedef struct blade_spec_config {
     int32_t ngram_max;  /* longest (>= ngram_min) */
     const char *draft_model_path; /* BLADE_SPEC_DRAFT: the draft's GGUF, loaded by the engine */
     size_t draft_kv_mem_bytes;    /* its KV budget; 0: as many tokens as the target's KV holds */
+    int32_t self_layers;          /* BLADE_SPEC_SELF: layers the draft runs; 0: a quarter of the model's */
     /* Choose each sequence's k per step (at most k) from its acceptance so far and what a
      * step of T tokens costs on this machine, backing off when the step is compute-bound
      * (default). False: always draft k (tests, benchmarks of a fixed k). */
@@ -44,7 +48,7 @@ typedef struct blade_spec_config {
 /* Off; k 4, adaptive, n-grams of 2..4 tokens when turned on. */
 void blade_spec_config_default(blade_spec_config *c);
 const char *blade_spec_mode_name(blade_spec_mode m);
-/* "none", "ngram", "draft" -> mode; -1 for anything else. */
+/* "none", "ngram", "draft", "self" -> mode; -1 for anything else. */
 int blade_spec_mode_parse(const char *s);
 
 /* Prompt lookup over tokens[0..n): for suffix lengths from n_max down to n_min, finds the

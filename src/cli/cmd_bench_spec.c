@@ -150,9 +150,10 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: blade bench spec -m MODEL [--draft-model FILE] [options] [engine options]\n\n"
             "Speculative decoding measured in one run: the verify-cost curve, then greedy decoding of the same\n"
-            "prompts (cut from a text) without speculation, with n-gram lookup and with the draft model, taking\n"
-            "turns: single-stream decode tokens/s and each ratio to plain, acceptance rate, mean accepted length\n"
-            "(tokens per verify step) and mean k, then the aggregate tokens/s of --streams concurrent streams.\n\n"
+            "prompts (cut from a text) without speculation, with n-gram lookup, self-draft (--self-layers) and\n"
+            "the draft model, taking turns: single-stream decode tokens/s and each ratio to plain, acceptance\n"
+            "rate, mean accepted length (tokens per verify step) and mean k, then the aggregate tokens/s of\n"
+            "--streams concurrent streams.\n\n"
             "  -m, --model FILE     target model\n"
             "      --text FILE      prompts are cut from it (default ../shared/eval/stories-corpus.txt)\n"
             "      --prompts N      prompts (default 4), each --prompt-len tokens (default 32)\n"
@@ -256,8 +257,8 @@ int cmd_bench_spec(int argc, char **argv)
     printf("a %d-token chunk: %.1f ms = %.2f ms per token: prefill is %.1fx faster per token than decode\n\n",
            CURVE_CTX, curve[0], curve[0] / CURVE_CTX, curve[1] / (curve[0] / CURVE_CTX));
 
-    blade_spec_mode wanted[MAX_MODES] = {BLADE_SPEC_NONE, BLADE_SPEC_NGRAM};
-    n_modes = 2;
+    blade_spec_mode wanted[MAX_MODES] = {BLADE_SPEC_NONE, BLADE_SPEC_NGRAM, BLADE_SPEC_SELF};
+    n_modes = 3;
     if (eo.cfg.spec.draft_model_path)
         wanted[n_modes++] = BLADE_SPEC_DRAFT;
     for (int i = 0; i < n_modes; i++) {

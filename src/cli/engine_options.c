@@ -30,6 +30,7 @@ const struct option cli_engine_longopts[] = {
     {"draft-model", required_argument, 0, OPT_DRAFT_MODEL},
     {"draft-kv-mem", required_argument, 0, OPT_DRAFT_KV_MEM},
     {"spec-fixed-k", no_argument, 0, OPT_SPEC_FIXED_K},
+    {"self-layers", required_argument, 0, OPT_SELF_LAYERS},
 };
 const size_t cli_engine_longopts_count = sizeof cli_engine_longopts / sizeof cli_engine_longopts[0];
 
@@ -56,8 +57,9 @@ void cli_engine_usage(FILE *out)
             "      --pin-prefix FILE      compute FILE's text once and keep its KV cached for good\n"
             "      --batch-aging-steps N  steps after which a waiting batch request ranks as interactive\n"
             "                             (default 256)\n"
-            "      --spec MODE            speculative decoding: none (default), ngram (prompt lookup) or\n"
-            "                             draft (--draft-model); greedy output is bit-identical either way\n"
+            "      --spec MODE            speculative decoding: none (default), ngram (prompt lookup), draft\n"
+            "                             (--draft-model) or self (the model's first --self-layers layers,\n"
+            "                             default a quarter); greedy output is bit-identical either way\n"
             "      --draft-model FILE     a GGUF with this model's vocabulary drafts (implies --spec draft)\n"
             "      --draft-kv-mem SIZE    the draft's KV memory (default: as many tokens as --kv-mem holds)\n"
             "      --spec-k N             most drafted tokens per sequence and step (default 4, max %d); each\n"
@@ -186,13 +188,18 @@ int cli_engine_option(cli_engine_options *o, int code, const char *arg)
     case OPT_SPEC: {
         int mode = blade_spec_mode_parse(arg);
         if (mode < 0) {
-            fprintf(stderr, "error: --spec expects none, ngram or draft, got '%s'\n", arg);
+            fprintf(stderr, "error: --spec expects none, ngram, draft or self, got '%s'\n", arg);
             return -1;
         }
         c->spec.mode = (blade_spec_mode)mode;
         return 1;
     }
     case OPT_SPEC_FIXED_K: c->spec.adaptive = false; return 1;
+    case OPT_SELF_LAYERS:
+        if (!cli_parse_int("--self-layers", arg, 1, 1 << 16, &n))
+            return -1;
+        c->spec.self_layers = (int32_t)n;
+        return 1;
     case OPT_SPEC_K:
     case OPT_NGRAM_MIN:
     case OPT_NGRAM_MAX: {
@@ -251,6 +258,8 @@ void cli_engine_describe(FILE *out, const cli_engine_options *o, blade_engine *e
                 c->spec.ngram_max);
     if (c->spec.mode == BLADE_SPEC_DRAFT)
         fprintf(out, " (k %s%d, draft %s)", c->spec.adaptive ? "<= " : "", c->spec.k, c->spec.draft_model_path);
+    if (c->spec.mode == BLADE_SPEC_SELF)
+        fprintf(out, " (k %s%d, first %d layers)", c->spec.adaptive ? "<= " : "", c->spec.k, c->spec.self_layers);
     fprintf(out, "\n");
     fprintf(out, "KV cache: %.2f GiB of %s = %lld tokens = %lld full-context (%d-token) sequences; "
                  "step budget %d tokens, %d sequences\n",

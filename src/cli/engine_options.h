@@ -34,6 +34,7 @@ enum cli_engine_opt {
     OPT_DRAFT_MODEL,
     OPT_DRAFT_KV_MEM,
     OPT_SPEC_FIXED_K,
+    OPT_SELF_LAYERS,
 };
 
 typedef struct cli_engine_options {

@@ -24,7 +24,8 @@ void blade_engine_config_default(blade_engine_config *c)
 
 static int validate_spec(const blade_spec_config *sc, blade_error *err)
 {
-    if (sc->mode != BLADE_SPEC_NONE && sc->mode != BLADE_SPEC_NGRAM && sc->mode != BLADE_SPEC_DRAFT)
+    if (sc->mode != BLADE_SPEC_NONE && sc->mode != BLADE_SPEC_NGRAM && sc->mode != BLADE_SPEC_DRAFT &&
+        sc->mode != BLADE_SPEC_SELF)
         return blade_error_set(err, "unknown speculative decoding mode %d", (int)sc->mode);
     if (sc->mode == BLADE_SPEC_DRAFT && (!sc->draft_model_path || !*sc->draft_model_path))
         return blade_error_set(err, "speculative decoding with a draft model needs --draft-model FILE.gguf");
@@ -140,8 +141,10 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
     e->cand_owner = malloc(seqs * sizeof *e->cand_owner);
     bool scratch = e->row_ids && e->item_row && e->item_out && e->item_bad && e->spec_out && e->draft_jobs &&
                    e->draft_owner && e->spec_probs && e->cands && e->cand_owner;
-    if (scratch && e->runner && cfg->spec.mode == BLADE_SPEC_DRAFT) {
-        e->draft = spec_draft_new(cfg->spec.draft_model_path, m, cfg->spec.draft_kv_mem_bytes,
+    if (scratch && e->runner && (cfg->spec.mode == BLADE_SPEC_DRAFT || cfg->spec.mode == BLADE_SPEC_SELF)) {
+        bool self = cfg->spec.mode == BLADE_SPEC_SELF;
+        int32_t layers = cfg->spec.self_layers > 0 ? cfg->spec.self_layers : (m->hp.n_layer + 3) / 4;
+        e->draft = spec_draft_new(self ? NULL : cfg->spec.draft_model_path, layers, m, cfg->spec.draft_kv_mem_bytes,
                                   (int64_t)n_blocks * cfg->block_size, cfg->block_size, cfg->kv_type, e->pool,
                                   runner_tokens, cfg->sched.max_seqs, err);
         if (!e->draft) {

@@ -15,6 +15,7 @@
 
 struct spec_draft {
     blade_model *m;
+    bool view; /* m is a view of the target's first layers (self-draft), not a model of its own */
     blade_kv_store *store;
     blade_kv_cache *kv;
     blade_runner *runner;
@@ -50,7 +51,7 @@ int spec_draft_check_vocab(const blade_model *target, const blade_model *draft, 
     return 0;
 }
 
-spec_draft *spec_draft_new(const char *path, const blade_model *target, size_t kv_mem_bytes,
+spec_draft *spec_draft_new(const char *path, int32_t self_layers, const blade_model *target, size_t kv_mem_bytes,
                            int64_t target_kv_tokens, int32_t block_size, blade_kv_type kv_type,
                            blade_threadpool *pool, int32_t max_batch_tokens, int32_t max_seqs, blade_error *err)
 {
@@ -58,12 +59,25 @@ spec_draft *spec_draft_new(const char *path, const blade_model *target, size_t k
     if (!d)
         return blade_error_set(err, "out of memory"), NULL;
     blade_error lerr = {{0}};
-    d->m = blade_model_load(path, &lerr);
-    if (!d->m) {
+    if (!path) {
+        /* early exit: the target's first layers, then its final norm and classifier; the
+         * weights are the target's, so the view costs no memory but its KV */
+        if (self_layers < 1 || self_layers >= target->hp.n_layer) {
+            blade_error_set(err, "--self-layers must be between 1 and %d (the model has %d layers), got %d",
+                            target->hp.n_layer - 1, target->hp.n_layer, self_layers);
+            goto fail;
+        }
+        if (!(d->m = malloc(sizeof *d->m))) {
+            blade_error_set(err, "out of memory");
+            goto fail;
+        }
+        *d->m = *target;
+        d->m->hp.n_layer = self_layers;
+        d->view = true;
+    } else if (!(d->m = blade_model_load(path, &lerr))) {
         blade_error_set(err, "draft model %s: %s", path, lerr.msg);
         goto fail;
-    }
-    if (spec_draft_check_vocab(target, d->m, &lerr)) {
+    } else if (spec_draft_check_vocab(target, d->m, &lerr)) {
         blade_error_set(err, "draft model %s cannot draft for this model: %s", path, lerr.msg);
         goto fail;
     }
@@ -109,7 +123,10 @@ void spec_draft_free(spec_draft *d)
     blade_runner_free(d->runner);
     blade_kv_cache_free(d->kv);
     blade_kv_store_free(d->store);
-    blade_model_free(d->m);
+    if (d->view)
+        free(d->m);
+    else
+        blade_model_free(d->m);
     free(d);
 }
 

@@ -1,7 +1,8 @@
 #ifndef BLADE_ENGINE_SPEC_DRAFT_H
 #define BLADE_ENGINE_SPEC_DRAFT_H
 
-/* The draft model (spec.h, BLADE_SPEC_DRAFT): a second, smaller model with the target's
+/* The draft model (spec.h, BLADE_SPEC_DRAFT, and BLADE_SPEC_SELF's early-exit view of the
+ * target): a second, smaller model with the target's
  * vocabulary, its own paged KV (the same store and block manager as the target's, its own
  * budget) and its own runner. It drafts for every speculating sequence at once: one ragged
  * call catches each sequence up on the tokens it has not seen (its prompt the first time,
@@ -46,9 +47,10 @@ typedef struct spec_draft_job {
  * text), naming the first difference. */
 int spec_draft_check_vocab(const blade_model *target, const blade_model *draft, blade_error *err);
 
-/* Loads the draft model at path and checks it against the target. kv_mem_bytes 0 gives it
- * as many token slots as target_kv_tokens. */
-spec_draft *spec_draft_new(const char *path, const blade_model *target, size_t kv_mem_bytes,
+/* Loads the draft model at path and checks it against the target; path NULL drafts with
+ * the target's own first self_layers layers (early exit through its final norm and
+ * classifier). kv_mem_bytes 0 gives it as many token slots as target_kv_tokens. */
+spec_draft *spec_draft_new(const char *path, int32_t self_layers, const blade_model *target, size_t kv_mem_bytes,
                            int64_t target_kv_tokens, int32_t block_size, blade_kv_type kv_type,
                            blade_threadpool *pool, int32_t max_batch_tokens, int32_t max_seqs, blade_error *err);
 void spec_draft_free(spec_draft *d);

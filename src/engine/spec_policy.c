@@ -25,6 +25,7 @@ const char *blade_spec_mode_name(blade_spec_mode m)
     case BLADE_SPEC_NONE: return "none";
     case BLADE_SPEC_NGRAM: return "ngram";
     case BLADE_SPEC_DRAFT: return "draft";
+    case BLADE_SPEC_SELF: return "self";
     }
     return "?";
 }
@@ -37,6 +38,8 @@ int blade_spec_mode_parse(const char *s)
         return BLADE_SPEC_NGRAM;
     if (!strcmp(s, "draft"))
         return BLADE_SPEC_DRAFT;
+    if (!strcmp(s, "self"))
+        return BLADE_SPEC_SELF;
     return -1;
 }
 

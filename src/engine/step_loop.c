@@ -228,7 +228,7 @@ static void propose_drafts(blade_engine *e)
         return;
     if (e->adaptive)
         choose_k(e);
-    if (sc->mode == BLADE_SPEC_DRAFT) {
+    if (e->draft) {
         propose_with_draft_model(e);
         return;
     }
