@@ -396,11 +396,12 @@ static void run_step(blade_engine *e)
 
 /* What rollback promises: a running sequence holds no block wholly beyond its computed
  * tokens (rejected drafts gave theirs back) and the prefix cache knows only blocks of
- * computed tokens (never one holding a rejected draft). Paged allocation only: contiguous
- * mode reserves a request's whole length up front. */
+ * computed tokens (never one holding a rejected draft). Continuous paged scheduling only:
+ * contiguous mode reserves a request's whole length up front, and static batching a
+ * member's whole prompt at admission. */
 static void check_rollback(blade_engine *e)
 {
-    if (e->cfg.sched.contiguous_kv || e->invariant_error[0])
+    if (e->cfg.sched.contiguous_kv || e->cfg.sched.mode == BLADE_SCHED_STATIC || e->invariant_error[0])
         return;
     int32_t bs = e->cfg.block_size;
     for (const request_state *r = e->live; r; r = r->next_live) {
