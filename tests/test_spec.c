@@ -169,6 +169,7 @@ typedef struct engine_shape {
     int32_t k;
     const char *draft;       /* draft model path */
     int32_t draft_kv_blocks; /* 0: the default */
+    bool contiguous;         /* --kv-alloc contiguous */
 } engine_shape;
 
 static blade_engine *engine_try(const blade_model *m, const engine_shape *sh, blade_error *err)
@@ -180,6 +181,7 @@ static blade_engine *engine_try(const blade_model *m, const engine_shape *sh, bl
     cfg.kv_mem_bytes = (size_t)sh->kv_blocks * blade_kv_store_block_bytes(&sc);
     cfg.sched.max_batch_tokens = sh->budget;
     cfg.sched.max_seqs = 16;
+    cfg.sched.contiguous_kv = sh->contiguous;
     cfg.check_invariants = true;
     cfg.spec.mode = sh->mode;
     cfg.spec.k = sh->k;
@@ -197,7 +199,7 @@ static blade_engine *engine_try(const blade_model *m, const engine_shape *sh, bl
 static blade_engine *engine_new(const blade_model *m, int32_t kv_blocks, int32_t budget, int32_t threads,
                                 blade_spec_mode mode, int32_t k)
 {
-    engine_shape sh = {kv_blocks, budget, threads, mode, k, NULL, 0};
+    engine_shape sh = {kv_blocks, budget, threads, mode, k, NULL, 0, false};
     blade_error err = {{0}};
     blade_engine *e = engine_try(m, &sh, &err);
     if (!e)
@@ -353,8 +355,9 @@ static void check_bit_identical(const engine_shape *shapes, size_t n_shapes)
         result got[N_PROMPTS];
         run_all(e, jobs, N_PROMPTS, got, nv, false);
         char what[128];
-        snprintf(what, sizeof what, "%s k %d, budget %d, %d blocks, %d threads%s", blade_spec_mode_name(sh->mode),
-                 sh->k, sh->budget, sh->kv_blocks, sh->threads, sh->draft_kv_blocks ? ", small draft KV" : "");
+        snprintf(what, sizeof what, "%s k %d, budget %d, %d blocks, %d threads%s%s", blade_spec_mode_name(sh->mode),
+                 sh->k, sh->budget, sh->kv_blocks, sh->threads, sh->draft_kv_blocks ? ", small draft KV" : "",
+                 sh->contiguous ? ", contiguous KV" : "");
         for (int i = 0; i < N_PROMPTS; i++) {
             if (jobs[i].temperature == 0)
                 assert_same(&ref[i], &got[i], i, what);
@@ -391,9 +394,10 @@ static void test_ngram_bit_identical(void **state)
 {
     (void)state;
     static const engine_shape shapes[] = {
-        {256, 256, 2, BLADE_SPEC_NGRAM, 1, NULL, 0}, {256, 24, 1, BLADE_SPEC_NGRAM, 3, NULL, 0},
-        {256, 9, 3, BLADE_SPEC_NGRAM, 4, NULL, 0},   {40, 64, 2, BLADE_SPEC_NGRAM, 8, NULL, 0},
-        {256, 256, 2, BLADE_SPEC_NGRAM, 16, NULL, 0},
+        {256, 256, 2, BLADE_SPEC_NGRAM, 1, NULL, 0, false}, {256, 24, 1, BLADE_SPEC_NGRAM, 3, NULL, 0, false},
+        {256, 9, 3, BLADE_SPEC_NGRAM, 4, NULL, 0, false},   {40, 64, 2, BLADE_SPEC_NGRAM, 8, NULL, 0, false},
+        {256, 256, 2, BLADE_SPEC_NGRAM, 16, NULL, 0, false},
+        {256, 64, 2, BLADE_SPEC_NGRAM, 4, NULL, 0, true},
     };
     check_bit_identical(shapes, sizeof shapes / sizeof shapes[0]);
 }
@@ -405,9 +409,9 @@ static void test_draft_model_bit_identical(void **state)
     (void)state;
     const char *d = draft_path();
     engine_shape shapes[] = {
-        {256, 256, 2, BLADE_SPEC_DRAFT, 1, d, 0}, {256, 24, 1, BLADE_SPEC_DRAFT, 3, d, 0},
-        {256, 9, 3, BLADE_SPEC_DRAFT, 5, d, 0},   {40, 64, 2, BLADE_SPEC_DRAFT, 8, d, 0},
-        {256, 256, 2, BLADE_SPEC_DRAFT, 4, d, 12},
+        {256, 256, 2, BLADE_SPEC_DRAFT, 1, d, 0, false}, {256, 24, 1, BLADE_SPEC_DRAFT, 3, d, 0, false},
+        {256, 9, 3, BLADE_SPEC_DRAFT, 5, d, 0, false},   {40, 64, 2, BLADE_SPEC_DRAFT, 8, d, 0, false},
+        {256, 256, 2, BLADE_SPEC_DRAFT, 4, d, 12, false},
     };
     check_bit_identical(shapes, sizeof shapes / sizeof shapes[0]);
 }
@@ -418,8 +422,8 @@ static void test_self_draft_bit_identical(void **state)
 {
     (void)state;
     static const engine_shape shapes[] = {
-        {256, 256, 2, BLADE_SPEC_SELF, 4, NULL, 0},
-        {40, 24, 3, BLADE_SPEC_SELF, 6, NULL, 0},
+        {256, 256, 2, BLADE_SPEC_SELF, 4, NULL, 0, false},
+        {40, 24, 3, BLADE_SPEC_SELF, 6, NULL, 0, false},
     };
     check_bit_identical(shapes, sizeof shapes / sizeof shapes[0]);
 }
@@ -430,7 +434,7 @@ static void test_draft_model_refused(void **state)
     (void)state;
     blade_model *m = load_stories();
     blade_error err = {{0}};
-    engine_shape sh = {64, 64, 1, BLADE_SPEC_DRAFT, 4, NULL, 0};
+    engine_shape sh = {64, 64, 1, BLADE_SPEC_DRAFT, 4, NULL, 0, false};
     assert_null(engine_try(m, &sh, &err));
     assert_non_null(strstr(err.msg, "--draft-model"));
 
@@ -688,7 +692,7 @@ static void test_sampled_distribution(void **state)
     pthread_mutex_init(&spec->mu, NULL);
     draw_slot *slots = calloc(N_DRAWS, sizeof *slots);
 
-    engine_shape sh = {512, 256, 2, BLADE_SPEC_NONE, 3, NULL, 0};
+    engine_shape sh = {512, 256, 2, BLADE_SPEC_NONE, 3, NULL, 0, false};
     blade_error err = {{0}};
     blade_engine *e = engine_try(m, &sh, &err);
     assert_non_null(e);
