@@ -41,7 +41,7 @@ declare -A owner=(
     [runner]=runner
     [convert]=convert
     [bench]=bench
-    [engine]=engine [scheduler]=engine [kv_cache]=engine [stop]=engine
+    [engine]=engine [scheduler]=engine [kv_cache]=engine [stop]=engine [spec]=engine
     [eval]=eval
     [imatrix]=imatrix
     [semantic_cache]=semantic_cache

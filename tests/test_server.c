@@ -700,6 +700,8 @@ static void test_health_models_metrics(void **state)
                            "blade:num_requests_waiting", "blade:kv_blocks_used", "blade:kv_blocks_cached",
                            "blade:prefix_cache_hit_rate", "blade:kv_utilisation", "blade:num_preemptions_total",
                            "blade:prompt_tokens_total", "blade:generation_tokens_total",
+                           "blade:spec_decode_num_draft_tokens_total", "blade:spec_decode_num_accepted_tokens_total",
+                           "blade:spec_decode_acceptance_length_bucket{le=\"0\"}",
                            "blade:http_requests_total{status=\"200\"}"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strstr(r.body, names[i]))
@@ -1027,6 +1029,7 @@ static void test_bad_inputs(void **state)
         {"POST", C, "{\"prompt\":\"a\",\"logprobs\":true}", NULL, false, 400, "not a boolean"},
         {"POST", C, "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":1}", NULL, false, 400, "echo"},
         {"POST", C, "{\"prompt\":\"a\",\"stream\":\"yes\"}", NULL, false, 400, "'stream' must be a boolean"},
+        {"POST", C, "{\"prompt\":\"a\",\"speculative\":1}", NULL, false, 400, "'speculative' must be a boolean"},
         {"POST", C, "{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":true}}", NULL, false, 400,
          "only allowed when 'stream' is true"},
         {"POST", C, "{\"prompt\":\"a\",\"priority\":\"urgent\"}", NULL, false, 400, "priority"},

@@ -15,6 +15,7 @@
 #include "blade/model.h"
 #include "blade/sampler.h"
 #include "blade/scheduler.h"
+#include "blade/spec.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -29,6 +30,7 @@ typedef struct blade_engine_config {
     blade_sched_config sched;
     int32_t max_context;      /* longest prompt + output of one request (default: the model's) */
     bool check_invariants;    /* verify the KV block accounting after every step (tests, debugging) */
+    blade_spec_config spec;   /* speculative decoding (off by default) */
 } blade_engine_config;
 
 void blade_engine_config_default(blade_engine_config *c);
@@ -109,6 +111,7 @@ typedef struct blade_request {
                                    * when pooling the last token), nothing is sampled, and one
                                    * event carries the embedding. max_tokens, sampling, stop
                                    * and logprobs do not apply; n must be 1. */
+    bool speculative;             /* true (default): speculate when the engine has a drafter */
     blade_token_callback callback;
     void *user;
 } blade_request;
@@ -154,6 +157,11 @@ typedef struct blade_engine_stats {
     int32_t max_running;      /* most sequences running in one step */
     uint64_t invariant_checks;
     char invariant_error[600]; /* first violation found by check_invariants, "" if none */
+    /* speculative decoding */
+    uint64_t spec_verifies;        /* sequence-steps that verified at least one draft */
+    uint64_t spec_draft_tokens;    /* drafts verified */
+    uint64_t spec_accepted_tokens; /* of those, accepted */
+    uint64_t spec_accept_hist[BLADE_SPEC_MAX_K + 1]; /* verifies by number of drafts accepted */
 } blade_engine_stats;
 
 void blade_engine_stats_get(blade_engine *e, blade_engine_stats *out);

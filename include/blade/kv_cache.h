@@ -86,6 +86,12 @@ int32_t blade_kv_cache_available(const blade_kv_cache *c);
  * cached, s's copy stays out of the index and is freed when s releases it). */
 void blade_kv_cache_commit(blade_kv_cache *c, blade_kv_cache_seq *s, const int32_t *tokens, int32_t n_computed);
 
+/* Speculative decoding's rollback: s keeps only the blocks that hold positions
+ * [0, n_tokens); the blocks wholly beyond are dropped (freed unless someone else holds
+ * them). A dropped block was never registered, since commit hashes only blocks of computed
+ * tokens and the caller truncates to at least what it committed. */
+void blade_kv_cache_truncate(blade_kv_cache *c, blade_kv_cache_seq *s, int32_t n_tokens);
+
 /* Drops s's references; blocks no one else holds become evictable (if hashed) or free. */
 void blade_kv_cache_release(blade_kv_cache *c, blade_kv_cache_seq *s);
 

@@ -52,6 +52,20 @@ void blade_sampler_accept(blade_sampler *s, int32_t token, bool generated);
  * Every call with temperature > 0 consumes exactly one uniform from the stream, so the
  * stream's position depends only on how many tokens were sampled. */
 int32_t blade_sampler_sample(blade_sampler *s, const float *logits);
+/* The distribution blade_sampler_sample draws from for this row, given the history so far
+ * (penalties, temperature, top-k, top-p, min-p applied; greedy: all mass on the argmax):
+ * probs (n_vocab entries) gets each token's probability, 0 for the tokens cut. Consumes
+ * nothing from the stream. Returns the number of tokens left, -1 when every logit is -inf
+ * or NaN. Speculative decoding's rejection rule needs this p. */
+int32_t blade_sampler_probs(blade_sampler *s, const float *logits, float *probs);
+/* The index of the largest entry (the lowest on ties; NaN never chosen), -1 when none is
+ * above -inf: greedy choice over a row of logits. */
+int32_t blade_argmax(const float *logits, int32_t n);
+/* One uniform in [0, 1) from the sampler's own stream. */
+double blade_sampler_uniform(blade_sampler *s);
+/* Draws a token with probability proportional to weights (n_vocab entries, those <= 0 or
+ * NaN never chosen), consuming one uniform from the stream; -1 when no weight is positive. */
+int32_t blade_sampler_draw_from(blade_sampler *s, const float *weights);
 /* log-softmax of the raw logits (before penalties and temperature), as OpenAI's logprobs
  * report them; out has n_vocab entries. NaN and -inf logits give -inf, +inf counts as
  * FLT_MAX; if no logit is finite every entry is -inf. */

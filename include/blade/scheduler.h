@@ -17,7 +17,13 @@
  *
  * The scheduler knows token counts and KV blocks only; it never runs the model. A
  * sequence's tokens are prompt + generated so far; n_computed of them have KV. Running a
- * step computes tokens[n_computed .. n_computed + n) of each planned sequence. */
+ * step computes tokens[n_computed .. n_computed + n) of each planned sequence.
+ *
+ * Speculative decoding rides in the plan as data: a decoding sequence may carry n_draft
+ * tentative tokens stored after its last token. Every decode gets its one real token
+ * first; drafts then take what the budget and the blocks allow (never preempting anyone
+ * for a draft), before prefill chunks. The caller says in n_accepted how many drafts it
+ * kept; commit advances past only those and gives back the blocks of the rest. */
 
 #include "blade/kv_cache.h"
 
@@ -55,6 +61,9 @@ typedef struct blade_sched_seq {
     /* Every token must be computed (a mean-pooled embedding reads each token's output), so
      * no prefix is taken from the cache; the sequence's blocks still enter it for others. */
     bool compute_all;
+    /* tentative tokens at tokens[n_tokens .. n_tokens + n_draft), set by the caller before
+     * schedule (0: not speculating this step); the caller's array has room for them */
+    int32_t n_draft;
     blade_kv_cache_seq kv;
     /* bookkeeping of the scheduler */
     blade_seq_state state;
@@ -82,6 +91,10 @@ typedef struct blade_sched_item {
     blade_sched_seq *seq;
     int32_t n_tokens;  /* tokens to compute this step, from seq->n_computed */
     bool want_logits;  /* the chunk reaches the last token: a new token will be sampled */
+    /* the chunk's last n_draft tokens are drafts to verify: logits are wanted for its last
+     * 1 + n_draft rows */
+    int32_t n_draft;
+    int32_t n_accepted; /* filled by the caller before commit: drafts kept (<= n_draft) */
 } blade_sched_item;
 
 typedef struct blade_sched_plan {
@@ -115,8 +128,10 @@ void blade_scheduler_remove(blade_scheduler *s, blade_sched_seq *seq);
 
 /* Plans one step. The plan's arrays stay valid until the next call. */
 void blade_scheduler_schedule(blade_scheduler *s, blade_sched_plan *plan);
-/* After the step ran: advances n_computed of every planned sequence and registers its
- * newly completed blocks in the prefix cache. Call before appending sampled tokens. */
+/* After the step ran: advances n_computed of every planned sequence (past its real tokens
+ * and accepted drafts), gives back the blocks wholly beyond that (rejected drafts), and
+ * registers its newly completed blocks in the prefix cache. Call before appending sampled
+ * tokens. */
 void blade_scheduler_commit(blade_scheduler *s, const blade_sched_plan *plan);
 
 bool blade_scheduler_idle(const blade_scheduler *s);

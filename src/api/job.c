@@ -217,6 +217,7 @@ api_job *api_job_submit(const api_model *am, api_request *req, api_sink *sink, d
             q.stop = (const char *const *)job->req.stop;
             q.n_stop = job->req.n_stop;
             q.ignore_eos = job->req.ignore_eos;
+            q.speculative = job->req.speculative;
             q.logprobs = job->req.logprobs;
             q.n = job->req.n;
         }

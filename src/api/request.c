@@ -738,6 +738,7 @@ int api_parse(const api_model *am, api_endpoint ep, json_t *body, api_request *r
     r->n = 1;
     r->logprobs = -1;
     r->cls = am->batch_class ? BLADE_CLASS_BATCH : BLADE_CLASS_INTERACTIVE;
+    r->speculative = true;
     if (!json_is_object(body)) {
         api_bad_request(err, NULL, "the request body must be a JSON object, got %s", kind_name(body));
         goto fail;
@@ -780,6 +781,8 @@ int api_parse(const api_model *am, api_endpoint ep, json_t *body, api_request *r
     if (ep == API_COMPLETIONS && get_bool(body, "echo", &r->echo, err))
         goto fail;
     if (get_bool(body, "ignore_eos", &r->ignore_eos, err))
+        goto fail;
+    if (get_bool(body, "speculative", &r->speculative, err))
         goto fail;
     json_t *sc = field(body, "semantic_cache");
     if (sc && !json_is_boolean(sc)) {

@@ -55,6 +55,7 @@ typedef struct api_request {
     bool include_usage;
     bool echo;
     bool ignore_eos;
+    bool speculative; /* extension "speculative": false opts out of speculative decoding */
     blade_traffic_class cls;
     char *cache_salt;
     /* embeddings: base64 instead of float arrays; the first `dimensions` values,

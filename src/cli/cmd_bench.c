@@ -332,6 +332,7 @@ const cli_command cli_cmd_bench = {
              "  blade bench engine -m MODEL --workload W     the engine's techniques against their baselines\n"
              "  blade bench serve --url URL --workload W     measure an OpenAI-compatible endpoint\n"
              "  blade bench ablation -m MODEL --workload W   what each serving technique buys\n"
+             "  blade bench spec -m MODEL [--draft-model F]  speculative decoding: verify cost, speed-ups\n"
              "  blade bench compare BASE.json NEW.json       fail on a performance regression\n"
              "  blade bench semantic-cache                   the semantic cache's lookup latency and memory\n",
     .tables = (const cli_table[]){{bench_flags, 0}, {0}},

@@ -35,6 +35,7 @@ static const struct technique {
     {"prefix caching", {"--no-prefix-cache"}, {NULL}},
     {"chunked prefill", {"--no-chunked-prefill"}, {NULL}},
     {"8-bit KV cache (q8_0)", {"--kv-type", "f16"}, {"--kv-type", "q8_0"}},
+    {"speculative decoding (n-gram, adaptive k)", {"--spec", "none"}, {"--spec", "ngram"}},
     /* off by default; answers only what repeats (the semantic workload), costs an embedding
      * per miss everywhere else */
     {"semantic cache", {NULL}, {"--semantic-cache"}},
@@ -117,11 +118,12 @@ const cli_command cli_cmd_bench_ablation = {
     .about =
         "Reproduces what each serving technique buys. Starts `blade serve` (this binary) on a free loopback\n"
         "port once per configuration, from the naive baseline (static batching, contiguous KV reservation, no\n"
-        "prefix cache, no chunked prefill, f16 KV) adding one technique at a time (continuous batching, paged\n"
-        "KV, prefix caching, chunked prefill, --kv-type q8_0, --semantic-cache: everything on), runs the same\n"
-        "seeded workload against each, stops it with SIGTERM, and prints one table: throughput, TTFT and\n"
-        "TPOT p50/p99, KV slot utilisation (token slots used / allocated, when /metrics exposes\n"
-        "blade:kv_utilisation), cost per million tokens, and each row's ratio to the baseline.\n"
+        "prefix cache, no chunked prefill, f16 KV, no speculation) adding one technique at a time\n"
+        "(continuous batching, paged KV, prefix caching, chunked prefill, --kv-type q8_0, --spec ngram,\n"
+        "--semantic-cache: everything on), runs the same seeded workload against each, stops it with\n"
+        "SIGTERM, and prints one table: throughput, TTFT and TPOT p50/p99, KV slot utilisation (token slots\n"
+        "used / allocated, when /metrics exposes blade:kv_utilisation), cost per million tokens, and each\n"
+        "row's ratio to the baseline.\n"
         "Requests carry ignore_eos, so every configuration generates the same tokens. Each server's output\n"
         "goes to a temporary log, kept and named if it fails.\n",
     .tables = (const cli_table[]){{ablation_flags, 0},

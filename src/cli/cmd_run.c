@@ -204,6 +204,7 @@ static int run_main(int argc, char **argv)
             t_load * 1e3, st.last.prompt_tokens, st.last.prompt_tokens / (prefill > 0 ? prefill : 1e-9),
             st.last.completion_tokens, st.n_tokens > 1 ? (st.n_tokens - 1) / (gen > 0 ? gen : 1e-9) : 0.0,
             (unsigned long long)o.sampling.seed);
+    cli_engine_print_spec(stderr, e);
     rc = 0;
 done:
     if (rc)

@@ -21,6 +21,7 @@ const cli_command *const cli_commands[] = {
     &cli_cmd_bench_engine,
     &cli_cmd_bench_serve,
     &cli_cmd_bench_ablation,
+    &cli_cmd_bench_spec,
     &cli_cmd_bench_compare,
     &cli_cmd_bench_semcache,
     NULL,

@@ -10,6 +10,8 @@
 
 static const cli_choice sched_modes[] = {{"continuous", BLADE_SCHED_CONTINUOUS}, {"static", BLADE_SCHED_STATIC}, {0}};
 static const cli_choice kv_allocs[] = {{"paged", false}, {"contiguous", true}, {0}};
+static const cli_choice spec_modes[] = {
+    {"none", BLADE_SPEC_NONE}, {"ngram", BLADE_SPEC_NGRAM}, {"draft", BLADE_SPEC_DRAFT}, {"self", BLADE_SPEC_SELF}, {0}};
 
 #define E cli_engine_options
 const cli_flag cli_engine_flags[] = {
@@ -33,6 +35,25 @@ const cli_flag cli_engine_flags[] = {
      .help = "compute FILE's text once and keep its KV cached for good"},
     {.name = "batch-aging-steps", .kind = CLI_INT, CLI_AT(E, cfg.sched.batch_aging_steps), .min = 0, .max = 1 << 30,
      .metavar = "N", .help = "steps after which a waiting batch request ranks as interactive"},
+    CLI_SECTION("speculative decoding (greedy output is bit-identical either way)"),
+    {.name = "spec", .kind = CLI_ENUM, CLI_AT(E, cfg.spec.mode), .choices = spec_modes, .metavar = "MODE",
+     .help = "the drafter: ngram (prompt lookup), draft (--draft-model) or self (the model's first --self-layers "
+             "layers)"},
+    {.name = "draft-model", .kind = CLI_PATH, CLI_AT(E, cfg.spec.draft_model_path), .metavar = "FILE",
+     .help = "a GGUF with this model's vocabulary drafts (implies --spec draft)"},
+    {.name = "draft-kv-mem", .kind = CLI_SIZE, CLI_AT(E, cfg.spec.draft_kv_mem_bytes), .min = 1, .max = 0x1p50,
+     .metavar = "SIZE", .dflt = "as many tokens as --kv-mem holds", .help = "the draft model's KV memory"},
+    {.name = "self-layers", .kind = CLI_INT, CLI_AT(E, cfg.spec.self_layers), .min = 1, .max = 1 << 16,
+     .metavar = "L", .dflt = "a quarter of the layers", .help = "layers of the model that draft with --spec self"},
+    {.name = "spec-k", .kind = CLI_INT, CLI_AT(E, cfg.spec.k), .min = 1, .max = BLADE_SPEC_MAX_K, .metavar = "N",
+     .help = "most drafted tokens per sequence and step; each step picks fewer from each request's acceptance and "
+             "the verify cost measured at start, none when the step is compute-bound"},
+    {.name = "spec-fixed-k", .kind = CLI_BOOL, .negate = true, CLI_AT(E, cfg.spec.adaptive),
+     .help = "always draft --spec-k tokens (to measure a given k)"},
+    {.name = "ngram-min", .kind = CLI_INT, CLI_AT(E, cfg.spec.ngram_min), .min = 1, .max = 64, .metavar = "N",
+     .help = "shortest suffix prompt lookup tries"},
+    {.name = "ngram-max", .kind = CLI_INT, CLI_AT(E, cfg.spec.ngram_max), .min = 1, .max = 64, .metavar = "N",
+     .help = "longest suffix prompt lookup tries"},
     CLI_SECTION("baseline modes (to measure what each technique buys)"),
     {.name = "scheduler", .kind = CLI_ENUM, CLI_AT(E, cfg.sched.mode), .choices = sched_modes,
      .help = "static: request-level batching, a batch formed and run to completion, finished members keeping "
@@ -73,6 +94,8 @@ int cli_engine_finalize(cli_engine_options *o, const blade_model *m)
                                                   : o->kv_mem.bytes;
     if (o->cfg.max_context <= 0 || o->cfg.max_context > m->hp.n_ctx_train)
         o->cfg.max_context = m->hp.n_ctx_train;
+    if (o->cfg.spec.draft_model_path && o->cfg.spec.mode == BLADE_SPEC_NONE)
+        o->cfg.spec.mode = BLADE_SPEC_DRAFT;
     return 0;
 }
 
@@ -89,10 +112,18 @@ void cli_engine_describe(FILE *out, const cli_engine_options *o, blade_engine *e
     int64_t tokens = blade_engine_kv_tokens(e);
     int32_t ctx = blade_engine_max_context(e);
     fprintf(out, "techniques: paged KV %s (blocks of %d), prefix caching %s, continuous batching %s, "
-                 "chunked prefill %s\n",
+                 "chunked prefill %s, speculative decoding %s",
             c->sched.contiguous_kv ? "OFF (contiguous reservation)" : "on", c->block_size,
             c->prefix_caching ? "on" : "OFF", c->sched.mode == BLADE_SCHED_STATIC ? "OFF (static)" : "on",
-            c->sched.chunked_prefill ? "on" : "OFF");
+            c->sched.chunked_prefill ? "on" : "OFF", blade_spec_mode_name(c->spec.mode));
+    if (c->spec.mode == BLADE_SPEC_NGRAM)
+        fprintf(out, " (k %s%d, n-grams %d..%d)", c->spec.adaptive ? "<= " : "", c->spec.k, c->spec.ngram_min,
+                c->spec.ngram_max);
+    if (c->spec.mode == BLADE_SPEC_DRAFT)
+        fprintf(out, " (k %s%d, draft %s)", c->spec.adaptive ? "<= " : "", c->spec.k, c->spec.draft_model_path);
+    if (c->spec.mode == BLADE_SPEC_SELF)
+        fprintf(out, " (k %s%d, first %d layers)", c->spec.adaptive ? "<= " : "", c->spec.k, c->spec.self_layers);
+    fprintf(out, "\n");
     fprintf(out, "KV cache: %.2f GiB of %s = %lld tokens = %lld full-context (%d-token) sequences; "
                  "step budget %d tokens, %d sequences\n",
             (double)c->kv_mem_bytes / 1073741824.0, blade_kv_type_name(c->kv_type), (long long)tokens,
@@ -106,6 +137,18 @@ void cli_engine_describe(FILE *out, const cli_engine_options *o, blade_engine *e
                 (long long)n, (long long)(n / ctx), f16_tokens ? (double)n / (double)f16_tokens : 0.0);
     }
     fprintf(out, "\n");
+}
+
+void cli_engine_print_spec(FILE *out, blade_engine *e)
+{
+    blade_engine_stats st;
+    blade_engine_stats_get(e, &st);
+    if (st.spec_verifies == 0)
+        return;
+    fprintf(out, "speculative decoding: %llu drafts verified, %llu accepted (%.1f%%), %.2f tokens per verify step\n",
+            (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_accepted_tokens,
+            100.0 * (double)st.spec_accepted_tokens / (double)st.spec_draft_tokens,
+            1.0 + (double)st.spec_accepted_tokens / (double)st.spec_verifies);
 }
 
 typedef struct pin_wait {

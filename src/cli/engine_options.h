@@ -28,6 +28,8 @@ void cli_engine_describe(FILE *out, const cli_engine_options *o, blade_engine *e
 /* Token slots `bytes` of KV memory hold in blocks of block_size tokens of type t (what the
  * engine allocates); 0 for a shape the store refuses. */
 int64_t cli_kv_tokens(const blade_hparams *hp, blade_kv_type t, int32_t block_size, size_t bytes);
+/* After a run: how many drafts were verified and accepted (nothing without speculation). */
+void cli_engine_print_spec(FILE *out, blade_engine *e);
 /* Runs --pin-prefix: computes the file's text once and pins its blocks. */
 int cli_engine_pin_prefix(const cli_engine_options *o, blade_engine *e);
 

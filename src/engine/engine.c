@@ -22,6 +22,24 @@ void blade_engine_config_default(blade_engine_config *c)
     c->prefix_caching = true;
     blade_sched_config_default(&c->sched);
     c->max_context = 0;
+    blade_spec_config_default(&c->spec);
+}
+
+static int validate_spec(const blade_spec_config *sc, blade_error *err)
+{
+    if (sc->mode != BLADE_SPEC_NONE && sc->mode != BLADE_SPEC_NGRAM && sc->mode != BLADE_SPEC_DRAFT &&
+        sc->mode != BLADE_SPEC_SELF)
+        return blade_error_set(err, "unknown speculative decoding mode %d", (int)sc->mode);
+    if (sc->mode == BLADE_SPEC_DRAFT && (!sc->draft_model_path || !*sc->draft_model_path))
+        return blade_error_set(err, "speculative decoding with a draft model needs --draft-model FILE.gguf");
+    if (sc->mode == BLADE_SPEC_NONE)
+        return 0;
+    if (sc->k < 1 || sc->k > BLADE_SPEC_MAX_K)
+        return blade_error_set(err, "--spec-k must be between 1 and %d, got %d", BLADE_SPEC_MAX_K, sc->k);
+    if (sc->ngram_min < 1 || sc->ngram_max < sc->ngram_min)
+        return blade_error_set(err, "n-gram lengths must satisfy 1 <= --ngram-min (%d) <= --ngram-max (%d)",
+                               sc->ngram_min, sc->ngram_max);
+    return 0;
 }
 
 /* The prefix cache must never hand one model's KV to another: the model's identity is
@@ -54,8 +72,41 @@ static blade_pooling model_pooling(const blade_model *m)
     return type == 3 ? BLADE_POOL_LAST : BLADE_POOL_MEAN;
 }
 
+/* The policy's cost curve: given, or measured now on this machine (before any request,
+ * in blocks nobody holds). Without it the engine drafts a fixed k. */
+static void calibrate_policy(blade_engine *e)
+{
+    const blade_spec_config *sc = &e->cfg.spec;
+    int32_t n = sc->k + 1;
+    double one = 0;
+    if (sc->verify_cost[1] > 0) {
+        memcpy(e->spec_cost, sc->verify_cost, sizeof e->spec_cost);
+        one = 1;
+    } else if (spec_measure_cost(e->runner, e->m->hp.n_vocab, e->store->n_blocks, e->cfg.block_size, e->spec_cost, n,
+                                 &one)) {
+        return;
+    }
+    e->n_spec_cost = n;
+    e->draft_cost = 0;
+    if (e->draft) {
+        double d = spec_draft_step_seconds(e->draft);
+        if (d < 0)
+            return;
+        /* a given curve is in units of the target's step, which is then measured alone */
+        if (sc->verify_cost[1] > 0) {
+            double c[2];
+            if (spec_measure_cost(e->runner, e->m->hp.n_vocab, e->store->n_blocks, e->cfg.block_size, c, 1, &one))
+                return;
+        }
+        e->draft_cost = d / one;
+    }
+    e->adaptive = true;
+}
+
 blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *cfg, blade_error *err)
 {
+    if (validate_spec(&cfg->spec, err))
+        return NULL;
     blade_engine *e = calloc(1, sizeof *e);
     if (!e)
         return blade_error_set(err, "out of memory"), NULL;
@@ -97,10 +148,40 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
     e->kv = e->store ? blade_kv_cache_new(&kc, err) : NULL;
     e->sched = e->kv ? blade_scheduler_new(&cfg->sched, e->kv, err) : NULL;
     e->runner = e->sched ? blade_runner_new(m, e->store, e->pool, runner_tokens, err) : NULL;
-    e->batch = calloc((size_t)cfg->sched.max_seqs, sizeof *e->batch);
-    e->logits = malloc((size_t)cfg->sched.max_seqs * m->hp.n_vocab * sizeof(float));
+    /* every draft in a step is one more row of logits, and drafts count against the budget */
+    bool spec = cfg->spec.mode != BLADE_SPEC_NONE;
+    e->max_logit_rows = cfg->sched.max_seqs + (spec ? runner_tokens : 0);
+    size_t seqs = (size_t)cfg->sched.max_seqs, rows = (size_t)e->max_logit_rows;
+    e->batch = calloc(seqs, sizeof *e->batch);
+    e->logits = malloc(rows * (size_t)m->hp.n_vocab * sizeof(float));
     e->vocab.logprobs = malloc((size_t)m->hp.n_vocab * sizeof(float));
-    if (!e->runner || !e->batch || !e->logits || !e->vocab.logprobs) {
+    e->row_ids = malloc(rows * sizeof *e->row_ids);
+    e->item_row = malloc(seqs * sizeof *e->item_row);
+    e->item_out = malloc(seqs * sizeof *e->item_out);
+    e->item_bad = malloc(seqs * sizeof *e->item_bad);
+    e->spec_out = malloc(rows * sizeof *e->spec_out);
+    e->draft_jobs = malloc(seqs * sizeof *e->draft_jobs);
+    e->draft_owner = malloc(seqs * sizeof *e->draft_owner);
+    e->spec_probs = malloc((size_t)m->hp.n_vocab * sizeof *e->spec_probs);
+    e->cands = malloc(seqs * sizeof *e->cands);
+    e->cand_owner = malloc(seqs * sizeof *e->cand_owner);
+    bool scratch = e->row_ids && e->item_row && e->item_out && e->item_bad && e->spec_out && e->draft_jobs &&
+                   e->draft_owner && e->spec_probs && e->cands && e->cand_owner;
+    if (scratch && e->runner && (cfg->spec.mode == BLADE_SPEC_DRAFT || cfg->spec.mode == BLADE_SPEC_SELF)) {
+        bool self = cfg->spec.mode == BLADE_SPEC_SELF;
+        int32_t layers = cfg->spec.self_layers > 0 ? cfg->spec.self_layers : (m->hp.n_layer + 3) / 4;
+        e->draft = spec_draft_new(self ? NULL : cfg->spec.draft_model_path, layers, m, cfg->spec.draft_kv_mem_bytes,
+                                  (int64_t)n_blocks * cfg->block_size, cfg->block_size, cfg->kv_type, e->pool,
+                                  runner_tokens, cfg->sched.max_seqs, err);
+        if (!e->draft) {
+            blade_engine_free(e, false);
+            return NULL;
+        }
+    }
+    if (e->row_ids)
+        for (size_t i = 0; i < rows; i++)
+            e->row_ids[i] = (int32_t)i;
+    if (!e->runner || !e->batch || !e->logits || !e->vocab.logprobs || !scratch) {
         if (e->runner)
             blade_error_set(err, "out of memory");
         else if (!e->pool)
@@ -108,6 +189,8 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
         blade_engine_free(e, false);
         return NULL;
     }
+    if (cfg->spec.mode != BLADE_SPEC_NONE && cfg->spec.adaptive)
+        calibrate_policy(e);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->work, NULL);
     pthread_cond_init(&e->idle, NULL);
@@ -207,6 +290,17 @@ void blade_engine_free(blade_engine *e, bool drain)
     free(e->logits);
     free(e->hidden);
     free(e->vocab.logprobs);
+    free(e->row_ids);
+    free(e->item_row);
+    free(e->item_out);
+    free(e->item_bad);
+    free(e->spec_out);
+    free(e->draft_jobs);
+    free(e->draft_owner);
+    free(e->spec_probs);
+    free(e->cands);
+    free(e->cand_owner);
+    spec_draft_free(e->draft);
     blade_runner_free(e->runner);
     blade_scheduler_free(e->sched);
     blade_kv_cache_free(e->kv);

@@ -16,6 +16,8 @@
 #include "blade/runner.h"
 #include "blade/scheduler.h"
 #include "engine/request_output.h"
+#include "engine/spec_draft.h"
+#include "engine/spec_policy.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -31,6 +33,10 @@ typedef struct request_state {
     request_output out;
     struct request_state *followers; /* choices 1..n-1, started once choice 0 has the prompt cached */
     bool pin_prefix;
+    bool speculative; /* the request lets the engine draft for it */
+    spec_draft_seq draft; /* its state in the draft model, with --spec draft */
+    spec_accept accept;   /* how often its drafts are kept */
+    int32_t spec_k;       /* drafts it may carry this step (engine thread) */
     /* Static batching only: answered in full, but its seat in the batch keeps computing
      * (tokens nobody sees) until every member has finished, as in a fixed-shape batch. */
     bool padding;
@@ -74,10 +80,29 @@ struct blade_engine {
     bool quitting; /* finishing everything for good, no seat is kept */
     request_state *live; /* every request known to the loop */
     blade_batch_seq *batch;
-    float *logits;   /* [max_seqs][n_vocab] */
     blade_pooling pooling; /* what BLADE_POOL_MODEL resolves to */
     float *hidden;   /* [runner tokens][n_embd]: final hidden states of embedding rows, on first use */
     int32_t runner_tokens;
+    float *logits;   /* [max_logit_rows][n_vocab] */
+    int32_t max_logit_rows; /* one per planned sequence, plus one per draft when speculating */
+    /* speculative decoding (engine thread) */
+    int32_t *row_ids;      /* 0, 1, 2, ...: the logit rows of a verify chunk */
+    int32_t *item_row;     /* [max_seqs] first logits row of each plan item */
+    int32_t *item_out;     /* [max_seqs] tokens verification produced for each item */
+    int32_t *spec_out;     /* [max_logit_rows] those tokens, at the item's rows */
+    bool *item_bad;        /* [max_seqs] verification met a row with no usable logits */
+    float *spec_probs;     /* [n_vocab] a row's distribution, for the rejection rule */
+    spec_draft *draft;     /* the draft model, with --spec draft */
+    spec_draft_job *draft_jobs; /* [max_seqs] */
+    struct request_state **draft_owner; /* [max_seqs] whose job each is */
+    spec_cand *cands;      /* [max_seqs] the policy's candidates ... */
+    struct request_state **cand_owner; /* ... and whose each is */
+    bool adaptive;         /* the policy chooses k (the cost curve is known) */
+    double spec_cost[BLADE_SPEC_MAX_K + 2]; /* a step of T tokens relative to one */
+    int32_t n_spec_cost;
+    double draft_cost;     /* one draft-model call relative to a one-token target step */
+    uint64_t spec_verifies, spec_draft_tokens, spec_accepted_tokens;
+    uint64_t spec_accept_hist[BLADE_SPEC_MAX_K + 1];
     uint64_t computed_tokens, generated_tokens, finished;
     int32_t max_running;
     const blade_kv_cache_seq **live_kv; /* scratch for invariant checks */

@@ -427,6 +427,17 @@ void blade_kv_cache_commit(blade_kv_cache *c, blade_kv_cache_seq *s, const int32
     }
 }
 
+void blade_kv_cache_truncate(blade_kv_cache *c, blade_kv_cache_seq *s, int32_t n_tokens)
+{
+    int32_t keep = n_tokens <= 0 ? 0 : n_tokens / c->block_size + (n_tokens % c->block_size != 0);
+    /* a hashed block holds only committed tokens; never drop one (n_tokens below what
+     * was committed would be a caller's error, and the chain must stay whole) */
+    if (keep < s->n_hashed)
+        keep = s->n_hashed;
+    while (s->n_blocks > keep)
+        drop_ref(c, s->blocks[--s->n_blocks]);
+}
+
 void blade_kv_cache_release(blade_kv_cache *c, blade_kv_cache_seq *s)
 {
     /* Last block first: it then sits older in the LRU than the blocks before it, and a

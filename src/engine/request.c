@@ -19,6 +19,7 @@ void blade_request_default(blade_request *r)
     r->logprobs = -1;
     r->n = 1;
     r->cls = BLADE_CLASS_INTERACTIVE;
+    r->speculative = true;
 }
 
 void engine_request_free(request_state *r)
@@ -36,6 +37,7 @@ void engine_request_free(request_state *r)
     free(r->pool_sum);
     free(r->pool_last);
     blade_kv_cache_seq_destroy(&r->seq.kv);
+    spec_draft_seq_destroy(&r->draft);
     free(r);
 }
 
@@ -146,6 +148,8 @@ static request_state *new_choice(const blade_engine *e, const blade_request *q, 
     if (!r)
         return blade_error_set(err, "out of memory"), NULL;
     r->pin_prefix = q->pin_prefix;
+    r->speculative = q->speculative;
+    spec_accept_init(&r->accept);
     r->seq.cls = q->cls;
     if (first) {
         r->tokens = malloc((size_t)first->cap_tokens * sizeof *r->tokens);

@@ -54,7 +54,10 @@ void request_output_destroy(request_output *o)
 
 int32_t request_output_sample(request_output *o, const float *logits)
 {
-    return blade_sampler_sample(o->sampler, logits);
+    int32_t id = blade_sampler_sample(o->sampler, logits);
+    if (id >= 0)
+        blade_sampler_accept(o->sampler, id, true);
+    return id;
 }
 
 static bool append_text(request_output *o, const char *s, size_t n, size_t *len)
@@ -109,7 +112,6 @@ blade_finish_reason request_output_token(request_output *o, const output_vocab *
 {
     if (o->t_first_token == 0)
         o->t_first_token = blade_clock_seconds();
-    blade_sampler_accept(o->sampler, id, true);
     o->n_generated++;
 
     blade_token_event ev = {0};

@@ -55,12 +55,13 @@ int request_output_init(request_output *o, const output_vocab *v, const blade_re
                         const int32_t *prompt, int32_t n_prompt, blade_error *err);
 void request_output_destroy(request_output *o);
 
-/* The next token under the choice's sampling parameters, or -1 when the row has no usable
- * logits (all NaN or -inf). Changes nothing: the token counts once request_output_token
- * emits it. */
+/* The next token under the choice's sampling parameters, recorded in the sampler's
+ * history (penalties see it from the next token on), or -1 when the row has no usable
+ * logits (all NaN or -inf). It counts as generated once request_output_token emits it. */
 int32_t request_output_sample(request_output *o, const float *logits);
 
-/* Emits token id, chosen from logits, as one event. seq already ends with the token. The
+/* Emits token id, chosen from logits (by request_output_sample or speculative
+ * verification, which record it in the sampler), as one event. seq already ends with it. The
  * event releases the token's text; it finishes the choice on end-of-generation (unless
  * ignored), a stop string, max_tokens or seq's max_total. Returns the finish reason,
  * BLADE_FINISH_NONE while the choice goes on. */

@@ -242,8 +242,36 @@ static int32_t chunk(const blade_scheduler *s, int32_t needed, int32_t budget, c
 static void plan_add(blade_sched_plan *plan, blade_sched_seq *seq, int32_t n)
 {
     seq->scheduled = true;
-    plan->items[plan->n_items++] = (blade_sched_item){seq, n, seq->n_computed + n == seq->n_tokens};
+    plan->items[plan->n_items++] = (blade_sched_item){seq, n, seq->n_computed + n == seq->n_tokens, 0, 0};
     plan->n_tokens += n;
+}
+
+/* Drafts ride on planned decodes with what the budget leaves after every decode has its
+ * real token. A draft never costs anyone else their blocks: it gets the blocks that can be
+ * had without preemption, and is trimmed to what they hold. */
+static void schedule_drafts(blade_scheduler *s, blade_sched_plan *plan, int32_t *budget)
+{
+    int32_t bs = blade_kv_cache_block_size(s->kv);
+    for (int32_t i = 0; i < plan->n_items && *budget > 0; i++) {
+        blade_sched_item *it = &plan->items[i];
+        blade_sched_seq *seq = it->seq;
+        if (seq->n_draft <= 0 || !it->want_logits || it->n_tokens != 1)
+            continue;
+        int32_t d = seq->n_draft < *budget ? seq->n_draft : *budget;
+        int32_t n_total = seq->n_computed + 1 + d;
+        if (!s->cfg.contiguous_kv && blade_kv_cache_allocate(s->kv, &seq->kv, n_total) != 0) {
+            int32_t room = seq->kv.n_blocks * bs - seq->n_computed - 1;
+            d = d < room ? d : room;
+        }
+        if (s->cfg.contiguous_kv && n_total > seq->max_total)
+            d = seq->max_total - seq->n_computed - 1;
+        if (d <= 0)
+            continue;
+        it->n_tokens += d;
+        it->n_draft = d;
+        plan->n_tokens += d;
+        *budget -= d;
+    }
 }
 
 static void schedule_running(blade_scheduler *s, blade_sched_plan *plan, int32_t *budget, bool decodes)
@@ -363,6 +391,7 @@ void blade_scheduler_schedule(blade_scheduler *s, blade_sched_plan *plan)
         }
     } else {
         schedule_running(s, plan, &budget, true);
+        schedule_drafts(s, plan, &budget);
         schedule_running(s, plan, &budget, false);
         admit_waiting(s, plan, &budget, false);
     }
@@ -374,8 +403,12 @@ void blade_scheduler_schedule(blade_scheduler *s, blade_sched_plan *plan)
 void blade_scheduler_commit(blade_scheduler *s, const blade_sched_plan *plan)
 {
     for (int32_t i = 0; i < plan->n_items; i++) {
-        blade_sched_seq *seq = plan->items[i].seq;
-        seq->n_computed += plan->items[i].n_tokens;
+        const blade_sched_item *it = &plan->items[i];
+        blade_sched_seq *seq = it->seq;
+        int32_t kept = it->n_accepted < it->n_draft ? it->n_accepted : it->n_draft;
+        seq->n_computed += it->n_tokens - it->n_draft + (kept > 0 ? kept : 0);
+        if (it->n_draft > 0 && !s->cfg.contiguous_kv)
+            blade_kv_cache_truncate(s->kv, &seq->kv, seq->n_computed);
         blade_kv_cache_commit(s->kv, &seq->kv, seq->tokens, seq->n_computed);
         blade_kv_cache_sample_utilisation(s->kv, &seq->kv, seq->n_computed);
     }

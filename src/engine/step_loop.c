@@ -5,6 +5,7 @@
  * thread; it meets the callers only in take_incoming and publish_stats. */
 
 #include "engine/engine_internal.h"
+#include "engine/spec_verify.h"
 
 #include "common/clock.h"
 
@@ -18,6 +19,8 @@
 static void live_add(blade_engine *e, request_state *r)
 {
     blade_kv_cache_seq_init(&r->seq.kv, e->kv, r->salt, r->salt ? strlen(r->salt) : 0);
+    if (e->draft)
+        spec_draft_seq_init(e->draft, &r->draft);
     r->prev_live = NULL;
     r->next_live = e->live;
     if (e->live)
@@ -58,6 +61,8 @@ static void retire(blade_engine *e, request_state *r)
         blade_kv_cache_pin_prefix(e->kv, r->tokens, r->seq.n_prompt, r->salt, r->salt ? strlen(r->salt) : 0);
     if (r->seq.state != BLADE_SEQ_FINISHED)
         blade_scheduler_remove(e->sched, &r->seq);
+    if (e->draft)
+        spec_draft_seq_release(e->draft, &r->draft);
     live_unlink(e, r);
 }
 
@@ -114,16 +119,11 @@ static void finish(blade_engine *e, request_state *r, blade_finish_reason why, c
 
 /* ---- one row of logits ---- */
 
-/* Samples the next token of a choice from one row of logits, appends it to the sequence
- * and emits it. Returns true when the choice is finished: r may then be gone, and no
- * further row of it may be emitted. */
-static bool emit_token(blade_engine *e, request_state *r, const float *logits)
+/* Appends a chosen token (already in the sampler's history) to the sequence and emits it.
+ * Returns true when the choice is finished: r may then be gone, and no further row of it
+ * may be emitted. */
+static bool emit_chosen(blade_engine *e, request_state *r, int32_t id, const float *logits)
 {
-    int32_t id = request_output_sample(&r->out, logits);
-    if (id < 0) {
-        finish(e, r, BLADE_FINISH_ERROR, "the model produced no usable logits (all NaN or -inf)");
-        return true;
-    }
     if (r->padding) {
         r->tokens[r->seq.n_tokens++] = id;
         if (r->seq.n_tokens < r->seq.max_total)
@@ -188,6 +188,144 @@ static float *hidden_rows(blade_engine *e)
     return e->hidden;
 }
 
+/* Samples the next token of a choice from one row of logits and emits it, as
+ * emit_chosen. */
+static bool emit_token(blade_engine *e, request_state *r, const float *logits)
+{
+    int32_t id = request_output_sample(&r->out, logits);
+    if (id < 0) {
+        finish(e, r, BLADE_FINISH_ERROR, "the model produced no usable logits (all NaN or -inf)");
+        return true;
+    }
+    return emit_chosen(e, r, id, logits);
+}
+
+/* ---- speculative decoding ---- */
+
+/* Drafts this step may carry for r: none unless it is decoding and allowed to speculate;
+ * never more than the tokens it may still produce, less the one the target always adds. */
+static int32_t draft_room(const blade_engine *e, const request_state *r)
+{
+    const blade_spec_config *sc = &e->cfg.spec;
+    if (sc->mode == BLADE_SPEC_NONE || e->cfg.sched.mode == BLADE_SCHED_STATIC || !r->speculative || r->padding ||
+        r->pooling != BLADE_POOL_NONE ||
+        r->seq.state != BLADE_SEQ_RUNNING || r->seq.n_tokens - r->seq.n_computed != 1)
+        return 0;
+    int32_t room = r->seq.max_total - r->seq.n_tokens;
+    int32_t left = r->out.max_tokens - r->out.n_generated;
+    room = (room < left ? room : left) - 1;
+    return room < sc->k ? room : sc->k;
+}
+
+/* The policy's k for every sequence that may speculate: what the step computes anyway
+ * (its decodes, and the prefill it will take up to the budget) sets what drafts cost and
+ * what they must beat. */
+static void choose_k(blade_engine *e)
+{
+    int32_t n = 0, decodes = 0;
+    int64_t pending = 0;
+    for (request_state *r = e->live; r; r = r->next_live) {
+        int32_t need = r->seq.n_tokens - r->seq.n_computed;
+        if (r->seq.state == BLADE_SEQ_RUNNING && need == 1)
+            decodes++;
+        else if (r->seq.state != BLADE_SEQ_FINISHED)
+            pending += need;
+        if (r->spec_k > 0 && n < e->cfg.sched.max_seqs) {
+            e->cands[n] = (spec_cand){.alpha = spec_accept_rate(&r->accept), .k_max = r->spec_k};
+            e->cand_owner[n++] = r;
+        }
+    }
+    /* a prefill token is work the step does anyway, as useful as a decoded one */
+    int64_t budget = e->cfg.sched.max_batch_tokens, base = decodes + pending;
+    int32_t work = (int32_t)(base < budget ? base : budget);
+    spec_policy_choose(e->spec_cost, e->n_spec_cost, work, work, e->draft_cost, e->cands, n);
+    for (int32_t i = 0; i < n; i++)
+        e->cand_owner[i]->spec_k = e->cands[i].k;
+}
+
+/* The draft model drafts for all speculating sequences together. A preempted sequence
+ * gives its draft KV back: it may wait long, and others can use the room meanwhile. */
+static void propose_with_draft_model(blade_engine *e)
+{
+    int32_t n = 0;
+    for (request_state *r = e->live; r; r = r->next_live) {
+        if (r->seq.state == BLADE_SEQ_WAITING && r->draft.kv.n_blocks)
+            spec_draft_seq_release(e->draft, &r->draft);
+        if (r->spec_k > 0 && n < e->cfg.sched.max_seqs) {
+            e->draft_owner[n] = r;
+            e->draft_jobs[n++] = (spec_draft_job){.seq = &r->draft, .tokens = r->tokens,
+                                                  .n_tokens = r->seq.n_tokens, .k = r->spec_k,
+                                                  .out = r->tokens + r->seq.n_tokens};
+        }
+    }
+    blade_error err = {{0}};
+    /* a failed draft call costs only this step's speculation; the target's step goes on */
+    spec_draft_propose(e->draft, e->draft_jobs, n, &err);
+    for (int32_t i = 0; i < n; i++)
+        e->draft_owner[i]->seq.n_draft = e->draft_jobs[i].n_out;
+}
+
+/* Puts each speculating sequence's drafts after its last token, where the plan finds them. */
+static void propose_drafts(blade_engine *e)
+{
+    const blade_spec_config *sc = &e->cfg.spec;
+    for (request_state *r = e->live; r; r = r->next_live) {
+        r->seq.n_draft = 0;
+        r->spec_k = draft_room(e, r);
+    }
+    if (sc->mode == BLADE_SPEC_NONE)
+        return;
+    if (e->adaptive)
+        choose_k(e);
+    if (e->draft) {
+        propose_with_draft_model(e);
+        return;
+    }
+    for (request_state *r = e->live; r; r = r->next_live)
+        if (r->spec_k > 0)
+            r->seq.n_draft = blade_ngram_propose(r->tokens, r->seq.n_tokens, sc->ngram_min, sc->ngram_max, r->spec_k,
+                                                 r->tokens + r->seq.n_tokens);
+}
+
+/* Decides, for every planned verify chunk, which tokens the step produces, and tells the
+ * plan how many drafts each keeps (commit reads it). */
+static void verify_drafts(blade_engine *e, blade_sched_plan *plan)
+{
+    const int32_t n_vocab = e->m->hp.n_vocab;
+    for (int32_t i = 0; i < plan->n_items; i++) {
+        blade_sched_item *it = &plan->items[i];
+        if (it->n_draft == 0)
+            continue;
+        request_state *r = (request_state *)it->seq;
+        int32_t row = e->item_row[i];
+        const float *logits = e->logits + (size_t)row * n_vocab;
+        const int32_t *draft = r->tokens + r->seq.n_tokens;
+        int32_t m = spec_verify(r->out.sampler, logits, n_vocab, draft, it->n_draft, e->spec_probs,
+                                e->spec_out + row, &e->item_bad[i]);
+        e->item_out[i] = m;
+        it->n_accepted = m > 0 ? m - 1 : 0;
+        e->spec_verifies++;
+        e->spec_draft_tokens += (uint64_t)it->n_draft;
+        e->spec_accepted_tokens += (uint64_t)it->n_accepted;
+        e->spec_accept_hist[it->n_accepted]++;
+        spec_accept_update(&r->accept, it->n_draft, it->n_accepted);
+    }
+}
+
+/* Emits the tokens verification chose for item i, stopping at the first that finishes the
+ * choice (the rest are dropped as if rejected). */
+static void emit_verified_run(blade_engine *e, const blade_sched_plan *plan, int32_t i)
+{
+    const int32_t n_vocab = e->m->hp.n_vocab;
+    request_state *r = (request_state *)plan->items[i].seq;
+    int32_t row = e->item_row[i];
+    for (int32_t j = 0; j < e->item_out[i]; j++)
+        if (emit_chosen(e, r, e->spec_out[row + j], e->logits + (size_t)(row + j) * n_vocab))
+            return;
+    if (e->item_bad[i])
+        finish(e, r, BLADE_FINISH_ERROR, "the model produced no usable logits (all NaN or -inf)");
+}
+
 /* ---- the step ---- */
 
 /* Moves submitted choices onto the live list and carries out the aborts asked for. */
@@ -246,6 +384,7 @@ static void run_step(blade_engine *e)
     end_padding(e);
 
     /* plan */
+    propose_drafts(e);
     blade_sched_plan plan;
     blade_scheduler_schedule(e->sched, &plan);
     for (int32_t i = 0; i < plan.n_rejected; i++)
@@ -254,10 +393,11 @@ static void run_step(blade_engine *e)
     if (plan.n_items == 0)
         return;
 
-    /* one ragged batch: each planned sequence's next chunk, one logits row where it ends */
+    /* one ragged batch: each planned sequence's next chunk, one logits row where it ends,
+     * or one per row of a verify chunk (its real token and each draft) */
     const int32_t n_vocab = e->m->hp.n_vocab;
     double t = blade_clock_seconds();
-    int32_t row = 0;
+    int32_t hidden_row = 0, rows = 0;
     for (int32_t i = 0; i < plan.n_items; i++) {
         blade_sched_item *it = &plan.items[i];
         request_state *r = (request_state *)it->seq;
@@ -271,19 +411,23 @@ static void run_step(blade_engine *e)
                            "out of memory for the hidden states of an embedding");
                 return;
             }
-            hidden += (size_t)row * e->m->hp.n_embd;
+            hidden += (size_t)hidden_row * e->m->hp.n_embd;
         }
-        row += it->n_tokens;
+        hidden_row += it->n_tokens;
+        int32_t n_logits = it->want_logits && r->pooling == BLADE_POOL_NONE ? 1 + it->n_draft : 0;
+        e->item_row[i] = rows;
         e->batch[i] = (blade_batch_seq){
             .tokens = r->tokens + r->seq.n_computed,
             .n_tokens = it->n_tokens,
             .pos0 = r->seq.n_computed,
             .block_table = r->seq.kv.blocks,
             .n_blocks = r->seq.kv.n_blocks,
-            .n_logits = it->want_logits && r->pooling == BLADE_POOL_NONE ? 1 : 0,
-            .logits = e->logits + (size_t)i * n_vocab,
+            .logit_rows = it->n_draft ? e->row_ids : NULL,
+            .n_logits = n_logits,
+            .logits = e->logits + (size_t)rows * n_vocab,
             .hidden = hidden,
         };
+        rows += n_logits;
     }
 
     /* forward */
@@ -294,7 +438,8 @@ static void run_step(blade_engine *e)
         return;
     }
 
-    /* commit, then sample and emit */
+    /* verify drafts, commit what was kept, then sample and emit */
+    verify_drafts(e, &plan);
     blade_scheduler_commit(e->sched, &plan);
     e->computed_tokens += (uint64_t)plan.n_tokens;
     if (plan.n_items > e->max_running)
@@ -305,14 +450,41 @@ static void run_step(blade_engine *e)
             pool_rows(e, r, e->batch[i].hidden, e->batch[i].pos0, e->batch[i].n_tokens);
             if (plan.items[i].want_logits)
                 finish_embedding(e, r);
+        } else if (plan.items[i].n_draft) {
+            emit_verified_run(e, &plan, i);
         } else if (plan.items[i].want_logits) {
-            emit_token(e, r, e->logits + (size_t)i * n_vocab);
+            emit_token(e, r, e->logits + (size_t)e->item_row[i] * n_vocab);
         }
     }
     end_padding(e);
 }
 
 /* ---- after the step: what the callers may read ---- */
+
+/* What rollback promises: a running sequence holds no block wholly beyond its computed
+ * tokens (rejected drafts gave theirs back) and the prefix cache knows only blocks of
+ * computed tokens (never one holding a rejected draft). Continuous paged scheduling only:
+ * contiguous mode reserves a request's whole length up front, and static batching a
+ * member's whole prompt at admission. */
+static void check_rollback(blade_engine *e)
+{
+    if (e->cfg.sched.contiguous_kv || e->cfg.sched.mode == BLADE_SCHED_STATIC || e->invariant_error[0])
+        return;
+    int32_t bs = e->cfg.block_size;
+    for (const request_state *r = e->live; r; r = r->next_live) {
+        const blade_sched_seq *q = &r->seq;
+        if (q->state != BLADE_SEQ_RUNNING)
+            continue;
+        int32_t held = (q->n_computed + bs - 1) / bs;
+        if (q->kv.n_blocks > held || q->kv.n_hashed * bs > q->n_computed) {
+            snprintf(e->invariant_error, sizeof e->invariant_error,
+                     "after step %llu: sequence %llu holds %d blocks (%d hashed) for %d computed tokens",
+                     (unsigned long long)e->invariant_checks, (unsigned long long)q->id, q->kv.n_blocks,
+                     q->kv.n_hashed, q->n_computed);
+            return;
+        }
+    }
+}
 
 static void check_invariants(blade_engine *e)
 {
@@ -334,6 +506,7 @@ static void check_invariants(blade_engine *e)
     if (blade_kv_cache_check(e->kv, e->live_kv, n, &err) && !e->invariant_error[0])
         snprintf(e->invariant_error, sizeof e->invariant_error, "after step %llu: %s",
                  (unsigned long long)e->invariant_checks, err.msg);
+    check_rollback(e);
 }
 
 static void publish_stats(blade_engine *e)
@@ -367,6 +540,10 @@ static void publish_stats(blade_engine *e)
     s->requests_finished = e->finished;
     s->max_running = e->max_running;
     s->invariant_checks = e->invariant_checks;
+    s->spec_verifies = e->spec_verifies;
+    s->spec_draft_tokens = e->spec_draft_tokens;
+    s->spec_accepted_tokens = e->spec_accepted_tokens;
+    memcpy(s->spec_accept_hist, e->spec_accept_hist, sizeof s->spec_accept_hist);
     memcpy(s->invariant_error, e->invariant_error, sizeof s->invariant_error);
     pthread_mutex_unlock(&e->mu);
 }

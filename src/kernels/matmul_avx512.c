@@ -288,6 +288,8 @@ BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q8_0, q32_matmul, false)
  * them (64 rows of 5632 are about 400 KiB). */
 #define R16_TOKEN_CHUNK 64
 #define R16_LOCAL_SIDE 2048
+/* Tiles of at most this many tokens stream their weights with the one-token hints. */
+#define R16_STREAM_T 8
 
 typedef struct r16_w {
     __m512i q[8];
@@ -361,7 +363,9 @@ TGT_Q INLINE void r16_tile(bool q4, int T, const uint8_t *group, int64_t nb, con
         acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         r16_w w;
-        if (T == 1) {
+        /* a few tokens (a speculative verify, a small decode batch) are as memory-bound as
+         * one: their weight stream wants the same hints */
+        if (T <= R16_STREAM_T) {
             prefetch_stream(group + b * bb, bb);
             touch_stream(group + b * bb, bb, end);
         }

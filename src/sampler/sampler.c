@@ -185,7 +185,7 @@ static void penalise(blade_sampler *s, const float *logits)
     }
 }
 
-static int32_t argmax(const float *l, int32_t n)
+int32_t blade_argmax(const float *l, int32_t n)
 {
     int32_t best = -1;
     float best_logit = -INFINITY;
@@ -412,16 +412,12 @@ static int32_t draw(const cand_key *keys, const aux_slot *aux, size_t m, double 
     return key_id(keys[m - 1]);
 }
 
-int32_t blade_sampler_sample(blade_sampler *s, const float *logits)
+/* The candidates a draw chooses from, after top-k, temperature, top-p and min-p: their
+ * keys and weights in s->keys and s->aux, the count returned (0: none), their weights'
+ * sum in *total. s->logits holds the penalised row. */
+static size_t candidates(blade_sampler *s, double *total)
 {
-    if (!s || !logits)
-        return -1;
     const blade_sampling_params *p = &s->p;
-    penalise(s, logits);
-    if (p->temperature <= 0.0f)
-        return argmax(s->logits, s->n_vocab);
-
-    double u = blade_rng_uniform(&s->rng);
     size_t m;
     bool sorted;
     if (p->top_k > 0 && p->top_k < s->n_vocab) {
@@ -432,14 +428,74 @@ int32_t blade_sampler_sample(blade_sampler *s, const float *logits)
         sorted = false;
     }
     if (m == 0)
-        return -1;
-    double total;
-    m = softmax(s->logits, s->keys, s->aux, m, p->temperature, &total);
+        return 0;
+    m = softmax(s->logits, s->keys, s->aux, m, p->temperature, total);
     if (p->top_p < 1.0f)
-        m = cut_top_p(s, m, sorted, p->top_p > 0.0f ? p->top_p : 0.0, &total);
+        m = cut_top_p(s, m, sorted, p->top_p > 0.0f ? p->top_p : 0.0, total);
     if (p->min_p > 0.0f)
-        m = cut_min_p(s->keys, s->aux, m, p->min_p, &total);
-    return draw(s->keys, s->aux, m, total, u);
+        m = cut_min_p(s->keys, s->aux, m, p->min_p, total);
+    return m;
+}
+
+int32_t blade_sampler_sample(blade_sampler *s, const float *logits)
+{
+    if (!s || !logits)
+        return -1;
+    penalise(s, logits);
+    if (s->p.temperature <= 0.0f)
+        return blade_argmax(s->logits, s->n_vocab);
+    double u = blade_rng_uniform(&s->rng), total;
+    size_t m = candidates(s, &total);
+    return m ? draw(s->keys, s->aux, m, total, u) : -1;
+}
+
+int32_t blade_sampler_probs(blade_sampler *s, const float *logits, float *probs)
+{
+    if (!s || !logits)
+        return -1;
+    penalise(s, logits);
+    memset(probs, 0, (size_t)s->n_vocab * sizeof *probs);
+    if (s->p.temperature <= 0.0f) {
+        int32_t best = blade_argmax(s->logits, s->n_vocab);
+        if (best < 0)
+            return -1;
+        probs[best] = 1.0f;
+        return 1;
+    }
+    double total;
+    size_t m = candidates(s, &total);
+    if (m == 0)
+        return -1;
+    for (size_t i = 0; i < m; i++)
+        probs[key_id(s->keys[i])] = (float)(s->aux[i].w / total);
+    return (int32_t)m;
+}
+
+double blade_sampler_uniform(blade_sampler *s)
+{
+    return blade_rng_uniform(&s->rng);
+}
+
+int32_t blade_sampler_draw_from(blade_sampler *s, const float *weights)
+{
+    double total = 0.0;
+    int32_t last = -1;
+    for (int32_t i = 0; i < s->n_vocab; i++)
+        if (weights[i] > 0.0f) {
+            total += weights[i];
+            last = i;
+        }
+    if (last < 0)
+        return -1;
+    double target = blade_rng_uniform(&s->rng) * total, cum = 0.0;
+    for (int32_t i = 0; i < last; i++) {
+        if (!(weights[i] > 0.0f))
+            continue;
+        cum += weights[i];
+        if (target < cum)
+            return i;
+    }
+    return last;
 }
 
 void blade_logits_to_logprobs(const float *logits, int32_t n_vocab, float *out)

@@ -189,6 +189,20 @@ void metrics_render(metrics *m, blade_engine *e, api_buf *out)
     scalar(out, "num_preemptions_total", "counter", "Sequences preempted to free KV blocks.", (double)st.preemptions);
     scalar(out, "kv_cache_evictions_total", "counter", "Cached KV blocks evicted for reuse.", (double)st.evictions);
     scalar(out, "engine_steps_total", "counter", "Engine steps run.", (double)st.steps);
+    scalar(out, "spec_decode_num_draft_tokens_total", "counter", "Drafted tokens the model verified.",
+           (double)st.spec_draft_tokens);
+    scalar(out, "spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens accepted.",
+           (double)st.spec_accepted_tokens);
+    /* bucket le=n counts verify steps that kept at most n drafts */
+    header(out, "spec_decode_acceptance_length", "histogram", "Drafts accepted per verify step.");
+    uint64_t cum = 0;
+    for (int n = 0; n <= BLADE_SPEC_MAX_K; n++) {
+        cum += st.spec_accept_hist[n];
+        out_printf(out, "blade:spec_decode_acceptance_length_bucket{le=\"%d\"} %llu\n", n, (unsigned long long)cum);
+    }
+    out_printf(out, "blade:spec_decode_acceptance_length_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+    out_printf(out, "blade:spec_decode_acceptance_length_sum %llu\n", (unsigned long long)st.spec_accepted_tokens);
+    out_printf(out, "blade:spec_decode_acceptance_length_count %llu\n", (unsigned long long)st.spec_verifies);
 }
 
 /* A cumulative histogram of the cache's own (bounds plus +Inf), as Prometheus wants it. */

@@ -1,0 +1,344 @@
+/* `blade bench spec`: what speculative decoding buys on this machine, every figure a ratio
+ * measured in one run. First the verify-cost curve (a step of T new tokens against a step
+ * of one, and a long chunk's cost per token: the compute per byte that speculation lives
+ * on), then greedy decoding of the same prompts with each drafter, the configurations
+ * taking turns prompt by prompt so that a machine shared with other work slows all of them
+ * alike: single-stream decode tokens/s, acceptance, mean accepted length and mean k, and
+ * the aggregate tokens/s of many concurrent streams. */
+
+#include "blade/engine.h"
+#include "blade/kv_store.h"
+#include "blade/model.h"
+#include "blade/runner.h"
+#include "cli/cli_util.h"
+#include "cli/commands.h"
+#include "cli/engine_options.h"
+#include "cli/flags.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_MODES 4
+#define CURVE_MAX 9
+#define CURVE_CTX 64
+
+typedef struct stream {
+    int32_t n_out;
+    double t_first, t_last;
+    bool done;
+} stream;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+
+static void on_event(const blade_token_event *ev)
+{
+    stream *s = ev->user;
+    double t = cli_now();
+    pthread_mutex_lock(&mu);
+    if (ev->token >= 0) {
+        if (s->n_out++ == 0)
+            s->t_first = t;
+        s->t_last = t;
+    }
+    if (ev->finish != BLADE_FINISH_NONE) {
+        s->done = true;
+        pthread_cond_broadcast(&cv);
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+static int submit(blade_engine *e, const int32_t *prompt, int32_t n_prompt, int32_t n_gen, stream *s)
+{
+    memset(s, 0, sizeof *s);
+    blade_request q;
+    blade_request_default(&q);
+    q.prompt_tokens = prompt;
+    q.n_prompt_tokens = n_prompt;
+    q.max_tokens = n_gen;
+    q.ignore_eos = true;
+    q.sampling.temperature = 0;
+    q.callback = on_event;
+    q.user = s;
+    blade_error err = {{0}};
+    if (!blade_engine_submit(e, &q, &err)) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static void wait_all(stream *s, int n)
+{
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < n; i++)
+        while (!s[i].done)
+            pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median time of a step of T new tokens (every row's logits, as a verify step has), T =
+ * 1..CURVE_MAX, after a CURVE_CTX-token context, the sizes taking turns; and of one
+ * CURVE_CTX-token chunk. Fills ms[0..CURVE_MAX] (ms[0]: the chunk). */
+static int verify_curve(const blade_model *m, int threads, int reps, double *ms)
+{
+    blade_error err = {{0}};
+    blade_kv_store_config sc = blade_model_kv_config(&m->hp, BLADE_KV_F16, 16, 8);
+    blade_threadpool *pool = blade_threadpool_new(threads);
+    blade_kv_store *store = pool ? blade_kv_store_new(&sc, &err) : NULL;
+    blade_runner *r = store ? blade_runner_new(m, store, pool, CURVE_CTX, &err) : NULL;
+    float *logits = malloc((size_t)CURVE_CTX * m->hp.n_vocab * sizeof(float));
+    int rc = -1;
+    if (!r || !logits) {
+        fprintf(stderr, "error: verify curve: %s\n", err.msg[0] ? err.msg : "out of memory");
+        goto out;
+    }
+    int32_t blocks[8] = {0, 1, 2, 3, 4, 5, 6, 7}, toks[CURVE_CTX], rows[CURVE_CTX];
+    for (int i = 0; i < CURVE_CTX; i++) {
+        toks[i] = 1 + (i * 37) % (m->hp.n_vocab - 1);
+        rows[i] = i;
+    }
+    double *t = calloc((size_t)reps * (CURVE_MAX + 1), sizeof *t);
+    for (int rep = 0; rep < reps && t; rep++)
+        for (int n = 0; n <= CURVE_MAX; n++) {
+            int32_t len = n ? n : CURVE_CTX;
+            blade_batch_seq b = {.tokens = toks, .n_tokens = len, .pos0 = n ? CURVE_CTX : 0, .block_table = blocks,
+                                 .n_blocks = 8, .logit_rows = rows, .n_logits = n ? n : 1, .logits = logits};
+            double t0 = cli_now();
+            if (blade_runner_forward(r, &b, 1, &err)) {
+                fprintf(stderr, "error: verify curve: %s\n", err.msg);
+                free(t);
+                goto out;
+            }
+            t[(size_t)n * reps + rep] = (cli_now() - t0) * 1e3;
+        }
+    if (!t)
+        goto out;
+    for (int n = 0; n <= CURVE_MAX; n++) {
+        qsort(t + (size_t)n * reps, (size_t)reps, sizeof *t, cmp_double);
+        ms[n] = t[(size_t)n * reps + reps / 2];
+    }
+    free(t);
+    rc = 0;
+out:
+    free(logits);
+    blade_runner_free(r);
+    blade_kv_store_free(store);
+    blade_threadpool_free(pool);
+    return rc;
+}
+
+typedef struct mode_result {
+    const char *name;
+    blade_engine *e;
+    double decode_s;     /* single stream: time from first to last token, summed */
+    int64_t decode_tokens; /* tokens after the first, summed */
+    blade_engine_stats single; /* statistics after the single-stream runs */
+    double multi_s;
+    int64_t multi_tokens;
+} mode_result;
+
+typedef struct bench_spec_options {
+    const char *model, *text;
+    long long n_prompts, prompt_len, n_gen, n_streams, reps;
+    cli_engine_options engine;
+} bench_spec_options;
+
+static void bench_spec_init(void *opts)
+{
+    bench_spec_options *o = opts;
+    o->text = "../shared/eval/stories-corpus.txt";
+    o->n_prompts = 4;
+    o->prompt_len = 32;
+    o->n_gen = 128;
+    o->n_streams = 16;
+    o->reps = 7;
+    cli_engine_options_init(&o->engine);
+    o->engine.kv_mem = (cli_size){.bytes = (size_t)256 << 20};
+}
+
+#define O bench_spec_options
+static const cli_flag bench_spec_flags[] = {
+    {.name = "model", .letter = 'm', .kind = CLI_PATH, CLI_AT(O, model), .metavar = "FILE",
+     .dflt = "../shared/models/stories260K.gguf if present", .help = "target model"},
+    {.name = "text", .letter = 'f', .kind = CLI_PATH, CLI_AT(O, text), .metavar = "FILE",
+     .help = "the text prompts are cut from"},
+    {.name = "prompts", .kind = CLI_INT, CLI_AT(O, n_prompts), .min = 1, .max = 1000, .metavar = "N",
+     .help = "prompts, from evenly spaced places in the text"},
+    {.name = "prompt-len", .kind = CLI_INT, CLI_AT(O, prompt_len), .min = 1, .max = 1 << 16, .metavar = "N",
+     .help = "tokens of each prompt"},
+    {.name = "n-predict", .letter = 'n', .kind = CLI_INT, CLI_AT(O, n_gen), .min = 2, .max = 1 << 20, .metavar = "N",
+     .help = "tokens generated per prompt"},
+    {.name = "streams", .kind = CLI_INT, CLI_AT(O, n_streams), .min = 0, .max = 1024, .metavar = "N",
+     .help = "concurrent streams of the load test; 0: none"},
+    {.name = "reps", .kind = CLI_INT, CLI_AT(O, reps), .min = 1, .max = 1000, .metavar = "N",
+     .help = "repetitions of each verify-curve point"},
+    {0},
+};
+#undef O
+
+static int bench_spec_main(int argc, char **argv);
+
+const cli_command cli_cmd_bench_spec = {
+    .name = "bench spec",
+    .summary = "speculative decoding: the verify-cost curve and each drafter against plain decoding",
+    .synopsis = "-m MODEL [--draft-model FILE] [options] [engine options]",
+    .about = "Speculative decoding measured in one run: the verify-cost curve, then greedy decoding of the same\n"
+             "prompts (cut from a text) without speculation, with n-gram lookup, self-draft (--self-layers) and\n"
+             "the draft model, taking turns: single-stream decode tokens/s and each ratio to plain, acceptance\n"
+             "rate, mean accepted length (tokens per verify step) and mean k, then the aggregate tokens/s of\n"
+             "--streams concurrent streams. The KV memory defaults to 256M here.\n",
+    .tables = (const cli_table[]){{bench_spec_flags, 0}, {cli_engine_flags, offsetof(bench_spec_options, engine)},
+                                  {0}},
+    .opts_size = sizeof(bench_spec_options),
+    .init = bench_spec_init,
+    .main = bench_spec_main,
+};
+
+static int bench_spec_main(int argc, char **argv)
+{
+    bench_spec_options o;
+    int rc = cli_parse(&cli_cmd_bench_spec, argc, argv, &o);
+    if (rc != CLI_RUN)
+        return rc;
+    cli_engine_options eo = o.engine;
+    const char *model_path = o.model ? o.model : cli_default_model(), *text_path = o.text;
+    long long n_prompts = o.n_prompts, prompt_len = o.prompt_len, n_gen = o.n_gen, n_streams = o.n_streams,
+              reps = o.reps;
+    if (!model_path)
+        return cli_usage_error(&cli_cmd_bench_spec, "no model given (-m FILE)");
+    rc = 1;
+    blade_error err = {{0}};
+    blade_model *m = blade_model_load(model_path, &err);
+    char *text = NULL;
+    int32_t *prompts = NULL;
+    mode_result modes[MAX_MODES] = {{0}};
+    int n_modes = 0;
+    stream *streams = NULL;
+    if (!m) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        goto out;
+    }
+    cli_engine_finalize(&eo, m);
+    size_t text_len;
+    if (!(text = cli_read_file(text_path, &text_len)))
+        goto out;
+    int32_t *all = NULL;
+    size_t n_all = 0;
+    if (blade_tokenizer_encode(m->tokenizer, text, text_len, false, false, &all, &n_all, &err)) {
+        fprintf(stderr, "error: %s: %s\n", text_path, err.msg);
+        goto out;
+    }
+    /* prompts from evenly spaced places in the text, each after BOS */
+    prompts = malloc((size_t)n_prompts * (size_t)prompt_len * sizeof *prompts);
+    if (!prompts || n_all < (size_t)(n_prompts * prompt_len)) {
+        fprintf(stderr, "error: %s has %zu tokens, too few for %lld prompts of %lld\n", text_path, n_all, n_prompts,
+                prompt_len);
+        free(all);
+        goto out;
+    }
+    for (long long p = 0; p < n_prompts; p++) {
+        size_t at = (size_t)p * (n_all - (size_t)prompt_len) / (size_t)n_prompts;
+        int32_t *dst = prompts + p * prompt_len;
+        dst[0] = blade_tokenizer_bos(m->tokenizer) >= 0 ? blade_tokenizer_bos(m->tokenizer) : all[at];
+        memcpy(dst + 1, all + at, (size_t)(prompt_len - 1) * sizeof *dst);
+    }
+    free(all);
+
+    int threads = eo.cfg.n_threads;
+    double curve[CURVE_MAX + 1];
+    printf("verify cost on %s, %d threads (median of %lld, after a %d-token context):\n", model_path,
+           threads > 0 ? threads : 0, reps, CURVE_CTX);
+    fflush(stdout);
+    if (verify_curve(m, threads, (int)reps, curve))
+        goto out;
+    printf("| new tokens T | step ms | cost vs T=1 |\n|---|---|---|\n");
+    for (int n = 1; n <= CURVE_MAX; n++)
+        printf("| %d (k=%d) | %.2f | %.2f |\n", n, n - 1, curve[n], curve[n] / curve[1]);
+    printf("a %d-token chunk: %.1f ms = %.2f ms per token: prefill is %.1fx faster per token than decode\n\n",
+           CURVE_CTX, curve[0], curve[0] / CURVE_CTX, curve[1] / (curve[0] / CURVE_CTX));
+
+    blade_spec_mode wanted[MAX_MODES] = {BLADE_SPEC_NONE, BLADE_SPEC_NGRAM, BLADE_SPEC_SELF};
+    n_modes = 3;
+    if (eo.cfg.spec.draft_model_path)
+        wanted[n_modes++] = BLADE_SPEC_DRAFT;
+    for (int i = 0; i < n_modes; i++) {
+        blade_engine_config cfg = eo.cfg;
+        cfg.spec.mode = wanted[i];
+        modes[i].name = blade_spec_mode_name(wanted[i]);
+        if (!(modes[i].e = blade_engine_new(m, &cfg, &err))) {
+            fprintf(stderr, "error: %s: %s\n", modes[i].name, err.msg);
+            goto out;
+        }
+    }
+    printf("single stream: %lld prompts of %lld tokens, %lld greedy tokens each\n", n_prompts, prompt_len, n_gen);
+    fflush(stdout);
+    stream s1;
+    for (long long p = 0; p < n_prompts; p++)
+        for (int i = 0; i < n_modes; i++) {
+            if (submit(modes[i].e, prompts + p * prompt_len, (int32_t)prompt_len, (int32_t)n_gen, &s1))
+                goto out;
+            wait_all(&s1, 1);
+            modes[i].decode_s += s1.t_last - s1.t_first;
+            modes[i].decode_tokens += s1.n_out - 1;
+        }
+    for (int i = 0; i < n_modes; i++)
+        blade_engine_stats_get(modes[i].e, &modes[i].single);
+    if (n_streams > 0) {
+        printf("%lld concurrent streams\n", n_streams);
+        fflush(stdout);
+        streams = calloc((size_t)n_streams, sizeof *streams);
+        if (!streams)
+            goto out;
+        for (int i = 0; i < n_modes; i++) {
+            double t0 = cli_now();
+            for (long long s = 0; s < n_streams; s++)
+                if (submit(modes[i].e, prompts + (s % n_prompts) * prompt_len, (int32_t)prompt_len, (int32_t)n_gen,
+                           &streams[s]))
+                    goto out;
+            wait_all(streams, (int)n_streams);
+            modes[i].multi_s = cli_now() - t0;
+            for (long long s = 0; s < n_streams; s++)
+                modes[i].multi_tokens += streams[s].n_out;
+        }
+    }
+    printf("\n| drafter | decode tok/s (1 stream) | vs plain | acceptance | mean accepted length | mean k |");
+    if (n_streams > 0)
+        printf(" %lld streams tok/s | vs plain |", n_streams);
+    printf("\n|---|---|---|---|---|---|%s\n", n_streams > 0 ? "---|---|" : "");
+    double base1 = modes[0].decode_tokens / modes[0].decode_s, baseN = modes[0].multi_tokens / (modes[0].multi_s + 1e-12);
+    for (int i = 0; i < n_modes; i++) {
+        const blade_engine_stats *st = &modes[i].single;
+        double tps = modes[i].decode_tokens / modes[i].decode_s;
+        printf("| %s | %.1f | %.2fx |", modes[i].name, tps, tps / base1);
+        if (st->spec_verifies)
+            printf(" %.1f%% | %.2f | %.2f |", 100.0 * st->spec_accepted_tokens / (double)st->spec_draft_tokens,
+                   1.0 + (double)st->spec_accepted_tokens / (double)st->spec_verifies,
+                   (double)st->spec_draft_tokens / (double)st->spec_verifies);
+        else
+            printf(" - | 1 | 0 |");
+        if (n_streams > 0) {
+            double agg = modes[i].multi_tokens / modes[i].multi_s;
+            printf(" %.1f | %.2fx |", agg, agg / baseN);
+        }
+        printf("\n");
+    }
+    rc = 0;
+out:
+    for (int i = 0; i < n_modes; i++)
+        blade_engine_free(modes[i].e, false);
+    free(streams);
+    free(prompts);
+    free(text);
+    blade_model_free(m);
+    return rc;
+}

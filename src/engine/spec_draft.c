@@ -1,0 +1,272 @@
+/* The draft model (spec_draft.h). Drafts are the draft model's greedy choices: for greedy
+ * requests the target accepts exactly the drafts it would have produced itself, so what
+ * matters is how often the two models agree, and argmax is the draft's best guess. */
+
+#include "engine/spec_draft.h"
+#include "engine/spec_policy.h"
+
+#include "blade/kv_store.h"
+#include "blade/runner.h"
+#include "blade/sampler.h"
+#include "blade/tokenizer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct spec_draft {
+    blade_model *m;
+    bool view; /* m is a view of the target's first layers (self-draft), not a model of its own */
+    blade_kv_store *store;
+    blade_kv_cache *kv;
+    blade_runner *runner;
+    int32_t max_batch_tokens;
+    int32_t max_seqs;
+    int32_t max_context;
+    blade_batch_seq *batch; /* [max_seqs] */
+    int32_t *job_of;        /* [max_seqs] job of each batch entry */
+    int32_t *pos_token;     /* [max_seqs] the one token each later call feeds */
+    float *logits;          /* [max_seqs][n_vocab] */
+};
+
+int spec_draft_check_vocab(const blade_model *target, const blade_model *draft, blade_error *err)
+{
+    const blade_tokenizer *a = target->tokenizer, *b = draft->tokenizer;
+    int32_t na = blade_tokenizer_n_vocab(a), nb = blade_tokenizer_n_vocab(b);
+    if (na != nb || target->hp.n_vocab != draft->hp.n_vocab)
+        return blade_error_set(err, "the draft model's vocabulary has %d tokens, the target's %d", nb, na);
+    static const char *const names[] = {"BOS", "EOS", "EOT"};
+    int32_t ids[2][3] = {{blade_tokenizer_bos(a), blade_tokenizer_eos(a), blade_tokenizer_eot(a)},
+                         {blade_tokenizer_bos(b), blade_tokenizer_eos(b), blade_tokenizer_eot(b)}};
+    for (int i = 0; i < 3; i++)
+        if (ids[0][i] != ids[1][i])
+            return blade_error_set(err, "the draft model's %s token is %d, the target's %d", names[i], ids[1][i],
+                                   ids[0][i]);
+    for (int32_t t = 0; t < na; t++) {
+        const char *x = blade_tokenizer_token_text(a, t), *y = blade_tokenizer_token_text(b, t);
+        if (strcmp(x ? x : "", y ? y : "") != 0 || blade_tokenizer_attr(a, t) != blade_tokenizer_attr(b, t))
+            return blade_error_set(err, "the draft model's vocabulary differs from the target's at token %d: '%s' vs "
+                                        "'%s'",
+                                   t, y ? y : "", x ? x : "");
+    }
+    return 0;
+}
+
+spec_draft *spec_draft_new(const char *path, int32_t self_layers, const blade_model *target, size_t kv_mem_bytes,
+                           int64_t target_kv_tokens, int32_t block_size, blade_kv_type kv_type,
+                           blade_threadpool *pool, int32_t max_batch_tokens, int32_t max_seqs, blade_error *err)
+{
+    spec_draft *d = calloc(1, sizeof *d);
+    if (!d)
+        return blade_error_set(err, "out of memory"), NULL;
+    blade_error lerr = {{0}};
+    if (!path) {
+        /* early exit: the target's first layers, then its final norm and classifier; the
+         * weights are the target's, so the view costs no memory but its KV */
+        if (self_layers < 1 || self_layers >= target->hp.n_layer) {
+            blade_error_set(err, "--self-layers must be between 1 and %d (the model has %d layers), got %d",
+                            target->hp.n_layer - 1, target->hp.n_layer, self_layers);
+            goto fail;
+        }
+        if (!(d->m = malloc(sizeof *d->m))) {
+            blade_error_set(err, "out of memory");
+            goto fail;
+        }
+        *d->m = *target;
+        d->m->hp.n_layer = self_layers;
+        d->view = true;
+    } else if (!(d->m = blade_model_load(path, &lerr))) {
+        blade_error_set(err, "draft model %s: %s", path, lerr.msg);
+        goto fail;
+    } else if (spec_draft_check_vocab(target, d->m, &lerr)) {
+        blade_error_set(err, "draft model %s cannot draft for this model: %s", path, lerr.msg);
+        goto fail;
+    }
+    blade_kv_store_config sc = blade_model_kv_config(&d->m->hp, kv_type, block_size, 0);
+    size_t block_bytes = blade_kv_store_block_bytes(&sc);
+    int64_t n_blocks = kv_mem_bytes ? (int64_t)(kv_mem_bytes / (block_bytes ? block_bytes : 1))
+                                    : target_kv_tokens / block_size;
+    if (block_bytes == 0 || n_blocks < 1 || n_blocks > INT32_MAX / block_size) {
+        blade_error_set(err, "--draft-kv-mem of %zu bytes gives %lld draft KV blocks of %zu bytes; need 1..%d",
+                        kv_mem_bytes, (long long)n_blocks, block_bytes, INT32_MAX / block_size);
+        goto fail;
+    }
+    sc.n_blocks = (int32_t)n_blocks;
+    blade_kv_cache_config kc = {.n_blocks = (int32_t)n_blocks, .block_size = block_size, .prefix_caching = false};
+    d->max_batch_tokens = max_batch_tokens;
+    d->max_seqs = max_seqs;
+    d->max_context = d->m->hp.n_ctx_train;
+    if (!(d->store = blade_kv_store_new(&sc, err)) || !(d->kv = blade_kv_cache_new(&kc, err)) ||
+        !(d->runner = blade_runner_new(d->m, d->store, pool, max_batch_tokens, err)))
+        goto fail;
+    d->batch = calloc((size_t)max_seqs, sizeof *d->batch);
+    d->job_of = calloc((size_t)max_seqs, sizeof *d->job_of);
+    d->pos_token = calloc((size_t)max_seqs, sizeof *d->pos_token);
+    d->logits = malloc((size_t)max_seqs * (size_t)d->m->hp.n_vocab * sizeof(float));
+    if (!d->batch || !d->job_of || !d->pos_token || !d->logits) {
+        blade_error_set(err, "out of memory");
+        goto fail;
+    }
+    return d;
+fail:
+    spec_draft_free(d);
+    return NULL;
+}
+
+void spec_draft_free(spec_draft *d)
+{
+    if (!d)
+        return;
+    free(d->batch);
+    free(d->job_of);
+    free(d->pos_token);
+    free(d->logits);
+    blade_runner_free(d->runner);
+    blade_kv_cache_free(d->kv);
+    blade_kv_store_free(d->store);
+    if (d->view)
+        free(d->m);
+    else
+        blade_model_free(d->m);
+    free(d);
+}
+
+double spec_draft_step_seconds(spec_draft *d)
+{
+    double cost[2], one;
+    if (spec_measure_cost(d->runner, d->m->hp.n_vocab, d->store->n_blocks, blade_kv_cache_block_size(d->kv), cost, 1,
+                          &one))
+        return -1;
+    return one;
+}
+
+void spec_draft_seq_init(spec_draft *d, spec_draft_seq *s)
+{
+    memset(s, 0, sizeof *s);
+    blade_kv_cache_seq_init(&s->kv, d->kv, NULL, 0);
+}
+
+void spec_draft_seq_release(spec_draft *d, spec_draft_seq *s)
+{
+    blade_kv_cache_release(d->kv, &s->kv);
+    s->n_computed = 0;
+    s->n_fed = 0;
+}
+
+void spec_draft_seq_destroy(spec_draft_seq *s)
+{
+    blade_kv_cache_seq_destroy(&s->kv);
+}
+
+/* Keeps the fed drafts that became the sequence's tokens; the rest of the draft KV is
+ * rolled back. */
+static void catch_up_state(spec_draft *d, spec_draft_job *j)
+{
+    spec_draft_seq *s = j->seq;
+    int32_t kept = 0;
+    while (kept < s->n_fed && s->n_computed + kept < j->n_tokens && j->tokens[s->n_computed + kept] == s->fed[kept])
+        kept++;
+    s->n_computed += kept;
+    s->n_fed = 0;
+    blade_kv_cache_truncate(d->kv, &s->kv, s->n_computed);
+}
+
+/* After a failed call nothing is known about what the draft KV holds: every job drafts
+ * nothing and starts again from scratch. */
+static void fail_all(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs)
+{
+    for (int32_t i = 0; i < n_jobs; i++) {
+        jobs[i].n_out = 0;
+        spec_draft_seq_release(d, jobs[i].seq);
+    }
+}
+
+int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, blade_error *err)
+{
+    const int32_t n_vocab = d->m->hp.n_vocab;
+    int32_t budget = d->max_batch_tokens, n = 0, k_max = 0;
+    for (int32_t i = 0; i < n_jobs; i++)
+        jobs[i].n_out = 0;
+    /* call 1: catch up, and the first draft of each sequence that caught up fully */
+    for (int32_t i = 0; i < n_jobs && n < d->max_seqs; i++) {
+        spec_draft_job *j = &jobs[i];
+        spec_draft_seq *s = j->seq;
+        catch_up_state(d, j);
+        int32_t k = j->k;
+        if (j->n_tokens + k - 1 > d->max_context)
+            k = d->max_context - j->n_tokens + 1;
+        int32_t catch = j->n_tokens - s->n_computed;
+        if (catch <= 0 || budget <= 0)
+            continue;
+        int32_t take = catch <= budget ? catch : budget;
+        bool drafts = take == catch && k > 0;
+        int32_t need = s->n_computed + take + (drafts ? k - 1 : 0);
+        if (blade_kv_cache_allocate(d->kv, &s->kv, need) != 0)
+            continue;
+        budget -= take;
+        j->k = drafts ? k : 0;
+        d->job_of[n] = i;
+        d->batch[n] = (blade_batch_seq){
+            .tokens = j->tokens + s->n_computed,
+            .n_tokens = take,
+            .pos0 = s->n_computed,
+            .block_table = s->kv.blocks,
+            .n_blocks = s->kv.n_blocks,
+            .n_logits = drafts ? 1 : 0,
+            .logits = d->logits + (size_t)n * n_vocab,
+        };
+        n++;
+    }
+    if (n == 0)
+        return 0;
+    if (blade_runner_forward(d->runner, d->batch, n, err)) {
+        fail_all(d, jobs, n_jobs);
+        return -1;
+    }
+    for (int32_t b = 0; b < n; b++) {
+        spec_draft_job *j = &jobs[d->job_of[b]];
+        j->seq->n_computed += d->batch[b].n_tokens;
+        if (d->batch[b].n_logits) {
+            int32_t t = blade_argmax(d->logits + (size_t)b * n_vocab, n_vocab);
+            if (t >= 0)
+                j->out[j->n_out++] = t;
+            if (j->k > k_max)
+                k_max = j->k;
+        }
+    }
+    /* calls 2..k: every sequence still drafting feeds its last draft */
+    for (int32_t step = 1; step < k_max; step++) {
+        n = 0;
+        for (int32_t i = 0; i < n_jobs; i++) {
+            spec_draft_job *j = &jobs[i];
+            spec_draft_seq *s = j->seq;
+            if (j->n_out != step || j->k <= step)
+                continue;
+            d->pos_token[n] = j->out[step - 1];
+            d->job_of[n] = i;
+            d->batch[n] = (blade_batch_seq){
+                .tokens = &d->pos_token[n],
+                .n_tokens = 1,
+                .pos0 = s->n_computed + s->n_fed,
+                .block_table = s->kv.blocks,
+                .n_blocks = s->kv.n_blocks,
+                .n_logits = 1,
+                .logits = d->logits + (size_t)n * n_vocab,
+            };
+            s->fed[s->n_fed++] = j->out[step - 1];
+            n++;
+        }
+        if (n == 0)
+            break;
+        if (blade_runner_forward(d->runner, d->batch, n, err)) {
+            fail_all(d, jobs, n_jobs);
+            return -1;
+        }
+        for (int32_t b = 0; b < n; b++) {
+            spec_draft_job *j = &jobs[d->job_of[b]];
+            int32_t t = blade_argmax(d->logits + (size_t)b * n_vocab, n_vocab);
+            if (t >= 0)
+                j->out[j->n_out++] = t;
+        }
+    }
+    return 0;
+}

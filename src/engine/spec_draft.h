@@ -1,0 +1,74 @@
+#ifndef BLADE_ENGINE_SPEC_DRAFT_H
+#define BLADE_ENGINE_SPEC_DRAFT_H
+
+/* The draft model (spec.h, BLADE_SPEC_DRAFT, and BLADE_SPEC_SELF's early-exit view of the
+ * target): a second, smaller model with the target's
+ * vocabulary, its own paged KV (the same store and block manager as the target's, its own
+ * budget) and its own runner. It drafts for every speculating sequence at once: one ragged
+ * call catches each sequence up on the tokens it has not seen (its prompt the first time,
+ * then what the target accepted since) and yields each one's first draft, then one call
+ * per further draft token. Engine thread only. */
+
+#include "blade/error.h"
+#include "blade/kernels.h"
+#include "blade/kv_cache.h"
+#include "blade/kv_type.h"
+#include "blade/model.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "blade/spec.h"
+
+typedef struct spec_draft spec_draft;
+
+/* One sequence's state in the draft model. Its KV holds the sequence's tokens [0,
+ * n_computed) and after them the drafts it fed last time (fed[0..n_fed)); the next call
+ * keeps the fed drafts the target accepted (they are then the sequence's tokens) and
+ * rolls back the rest. */
+typedef struct spec_draft_seq {
+    blade_kv_cache_seq kv;
+    int32_t n_computed;
+    int32_t fed[BLADE_SPEC_MAX_K];
+    int32_t n_fed;
+} spec_draft_seq;
+
+/* One sequence to draft for this step. */
+typedef struct spec_draft_job {
+    spec_draft_seq *seq;
+    const int32_t *tokens; /* the sequence's real tokens */
+    int32_t n_tokens;
+    int32_t k;             /* drafts wanted */
+    int32_t *out;          /* room for k */
+    int32_t n_out;         /* drafts proposed (0: none this step) */
+} spec_draft_job;
+
+/* Refuses a draft whose vocabulary is not the target's (size, special ids, every token's
+ * text), naming the first difference. */
+int spec_draft_check_vocab(const blade_model *target, const blade_model *draft, blade_error *err);
+
+/* Loads the draft model at path and checks it against the target; path NULL drafts with
+ * the target's own first self_layers layers (early exit through its final norm and
+ * classifier). kv_mem_bytes 0 gives it as many token slots as target_kv_tokens. */
+spec_draft *spec_draft_new(const char *path, int32_t self_layers, const blade_model *target, size_t kv_mem_bytes,
+                           int64_t target_kv_tokens, int32_t block_size, blade_kv_type kv_type,
+                           blade_threadpool *pool, int32_t max_batch_tokens, int32_t max_seqs, blade_error *err);
+void spec_draft_free(spec_draft *d);
+
+/* Seconds of a one-token draft step (for the policy's draft cost); -1 when it cannot be
+ * measured. Call before any sequence holds draft KV. */
+double spec_draft_step_seconds(spec_draft *d);
+
+void spec_draft_seq_init(spec_draft *d, spec_draft_seq *s);
+/* Gives the sequence's draft KV back (it is caught up again from scratch when it next
+ * speculates). */
+void spec_draft_seq_release(spec_draft *d, spec_draft_seq *s);
+void spec_draft_seq_destroy(spec_draft_seq *s);
+
+/* Drafts for every job in as few ragged calls as the longest k needs. A job whose catch-up
+ * does not fit in this step's token budget is caught up partly and drafts nothing; a job
+ * whose draft KV cannot be had, or whose positions run past the draft's context, drafts
+ * nothing. Returns 0, or -1 with err set when the runner failed (no job then drafts). */
+int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, blade_error *err);
+
+#endif

@@ -1,0 +1,174 @@
+/* The speculation policy (spec_policy.h) and the speculative-decoding configuration. */
+
+#include "engine/spec_policy.h"
+
+#include "blade/spec.h"
+#include "common/clock.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void blade_spec_config_default(blade_spec_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->mode = BLADE_SPEC_NONE;
+    c->k = 4;
+    c->ngram_min = 2;
+    c->ngram_max = 4;
+    c->adaptive = true;
+}
+
+const char *blade_spec_mode_name(blade_spec_mode m)
+{
+    switch (m) {
+    case BLADE_SPEC_NONE: return "none";
+    case BLADE_SPEC_NGRAM: return "ngram";
+    case BLADE_SPEC_DRAFT: return "draft";
+    case BLADE_SPEC_SELF: return "self";
+    }
+    return "?";
+}
+
+int blade_spec_mode_parse(const char *s)
+{
+    if (!strcmp(s, "none") || !strcmp(s, "off"))
+        return BLADE_SPEC_NONE;
+    if (!strcmp(s, "ngram"))
+        return BLADE_SPEC_NGRAM;
+    if (!strcmp(s, "draft"))
+        return BLADE_SPEC_DRAFT;
+    if (!strcmp(s, "self"))
+        return BLADE_SPEC_SELF;
+    return -1;
+}
+
+/* Decay per verify: about the last ten verify steps count. The prior (one hit in two
+ * trials) lets a new sequence try drafting. */
+#define ACCEPT_DECAY 0.9
+
+void spec_accept_init(spec_accept *a)
+{
+    a->hits = 1.0;
+    a->trials = 2.0;
+}
+
+void spec_accept_update(spec_accept *a, int32_t drafted, int32_t accepted)
+{
+    if (drafted <= 0)
+        return;
+    a->hits = ACCEPT_DECAY * a->hits + accepted;
+    a->trials = ACCEPT_DECAY * a->trials + accepted + (accepted < drafted);
+}
+
+double spec_accept_rate(const spec_accept *a)
+{
+    return a->trials > 0 ? a->hits / a->trials : 0;
+}
+
+static double step_cost(const double *cost, int32_t n_cost, int32_t t)
+{
+    if (t <= n_cost)
+        return cost[t];
+    double slope = n_cost > 1 ? (cost[n_cost] - cost[1]) / (n_cost - 1) : 1.0;
+    /* beyond the measured range a step is at least as dear per token as its last stretch */
+    return cost[n_cost] + slope * (t - n_cost);
+}
+
+void spec_policy_choose(const double *cost, int32_t n_cost, double base_value, int32_t base_tokens, double draft_cost,
+                        spec_cand *c, int32_t n)
+{
+    double value = base_value;
+    int32_t tokens = base_tokens > 0 ? base_tokens : 1, k_top = 0;
+    for (int32_t i = 0; i < n; i++)
+        c[i].k = 0;
+    for (;;) {
+        /* the draft most likely to be kept: the next of the sequence whose drafts so far
+         * are the likeliest to have all been accepted */
+        int32_t best = -1;
+        double gain = 0;
+        for (int32_t i = 0; i < n; i++) {
+            if (c[i].k >= c[i].k_max)
+                continue;
+            double g = pow(c[i].alpha, c[i].k + 1);
+            if (g > gain) {
+                gain = g;
+                best = i;
+            }
+        }
+        if (best < 0)
+            return;
+        int32_t k_next = c[best].k + 1 > k_top ? c[best].k + 1 : k_top;
+        double now = value / (step_cost(cost, n_cost, tokens) + draft_cost * k_top);
+        double then = (value + gain) / (step_cost(cost, n_cost, tokens + 1) + draft_cost * k_next);
+        if (then <= now)
+            return;
+        c[best].k++;
+        value += gain;
+        tokens++;
+        k_top = k_next;
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+#define MEASURE_CTX 32
+#define MEASURE_REPS 3
+
+int spec_measure_cost(blade_runner *r, int32_t n_vocab, int32_t store_blocks, int32_t block_size, double *cost,
+                      int32_t n_cost, double *one_step_s)
+{
+    int32_t n_pos = MEASURE_CTX + n_cost, n_blocks = (n_pos + block_size - 1) / block_size;
+    if (n_blocks > store_blocks || n_cost < 1)
+        return -1;
+    int32_t *blocks = malloc((size_t)n_blocks * sizeof *blocks);
+    int32_t *toks = malloc((size_t)n_pos * sizeof *toks);
+    int32_t *rows = malloc((size_t)n_pos * sizeof *rows);
+    float *logits = malloc((size_t)n_cost * (size_t)n_vocab * sizeof *logits);
+    double *t = malloc((size_t)MEASURE_REPS * (size_t)(n_cost + 1) * sizeof *t);
+    int rc = -1;
+    if (!blocks || !toks || !rows || !logits || !t)
+        goto out;
+    for (int32_t i = 0; i < n_blocks; i++)
+        blocks[i] = i;
+    for (int32_t i = 0; i < n_pos; i++) {
+        toks[i] = (1 + i * 7) % n_vocab;
+        rows[i] = i;
+    }
+    blade_error err = {{0}};
+    blade_batch_seq ctx = {.tokens = toks, .n_tokens = MEASURE_CTX, .pos0 = 0, .block_table = blocks,
+                           .n_blocks = n_blocks, .n_logits = 0, .logits = logits};
+    if (blade_runner_forward(r, &ctx, 1, &err))
+        goto out;
+    for (int rep = 0; rep < MEASURE_REPS; rep++)
+        for (int32_t n = 1; n <= n_cost; n++) {
+            blade_batch_seq b = {.tokens = toks + MEASURE_CTX, .n_tokens = n, .pos0 = MEASURE_CTX,
+                                 .block_table = blocks, .n_blocks = n_blocks, .logit_rows = rows, .n_logits = n,
+                                 .logits = logits};
+            double t0 = blade_clock_seconds();
+            if (blade_runner_forward(r, &b, 1, &err))
+                goto out;
+            t[(size_t)n * MEASURE_REPS + rep] = blade_clock_seconds() - t0;
+        }
+    for (int32_t n = 1; n <= n_cost; n++)
+        qsort(t + (size_t)n * MEASURE_REPS, MEASURE_REPS, sizeof *t, cmp_double);
+    double one = t[MEASURE_REPS + MEASURE_REPS / 2];
+    *one_step_s = one;
+    cost[0] = 0;
+    for (int32_t n = 1; n <= n_cost; n++) {
+        double c = t[(size_t)n * MEASURE_REPS + MEASURE_REPS / 2] / (one > 0 ? one : 1);
+        cost[n] = n == 1 ? 1.0 : fmax(c, cost[n - 1]);
+    }
+    rc = 0;
+out:
+    free(blocks);
+    free(toks);
+    free(rows);
+    free(logits);
+    free(t);
+    return rc;
+}

@@ -1,0 +1,900 @@
+/* Speculative decoding: the n-gram drafter, KV rollback, and the promise that speculation
+ * never changes a greedy token, logit or logprob. Every speculative run is compared with
+ * memcmp against the same request decoded without speculation, with speculating,
+ * opted-out, sampled and prefilling sequences sharing steps, small budgets that trim drafts,
+ * small KV pools that preempt, and 1-3 threads. */
+#include "testutil.h"
+
+#include "blade/engine.h"
+#include "blade/kv_cache.h"
+#include "blade/model.h"
+#include "blade/spec.h"
+#include "blade/synth.h"
+#include "engine/spec_policy.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_GEN 64
+#define N_PROMPTS 10
+
+typedef struct result {
+    int32_t tokens[MAX_GEN + 1];
+    float logprob[MAX_GEN + 1];
+    int32_t top_ids[MAX_GEN + 1][3];
+    float top_lp[MAX_GEN + 1][3];
+    int32_t n;
+    float *logits; /* [MAX_GEN + 1][n_vocab] */
+    int32_t n_vocab;
+    blade_finish_reason finish;
+    char text[4096];
+    size_t text_len;
+    pthread_mutex_t mu;
+    bool done;
+} result;
+
+static void on_token(const blade_token_event *ev)
+{
+    result *r = ev->user;
+    pthread_mutex_lock(&r->mu);
+    if (ev->token >= 0 && r->n <= MAX_GEN) {
+        r->tokens[r->n] = ev->token;
+        r->logprob[r->n] = ev->logprob;
+        for (int j = 0; j < ev->n_top && j < 3; j++) {
+            r->top_ids[r->n][j] = ev->top_ids[j];
+            r->top_lp[r->n][j] = ev->top_logprobs[j];
+        }
+        if (ev->logits)
+            memcpy(r->logits + (size_t)r->n * r->n_vocab, ev->logits, (size_t)r->n_vocab * sizeof(float));
+        r->n++;
+    }
+    if (r->text_len + ev->text_len < sizeof r->text) {
+        memcpy(r->text + r->text_len, ev->text, ev->text_len);
+        r->text_len += ev->text_len;
+        r->text[r->text_len] = 0;
+    }
+    if (ev->finish != BLADE_FINISH_NONE) {
+        r->finish = ev->finish;
+        r->done = true;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void result_init(result *r, int32_t n_vocab)
+{
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    r->n_vocab = n_vocab;
+    r->logits = calloc((size_t)(MAX_GEN + 1) * n_vocab, sizeof(float));
+}
+
+static void result_free(result *r)
+{
+    free(r->logits);
+    pthread_mutex_destroy(&r->mu);
+}
+
+typedef struct job {
+    int32_t prompt[600];
+    int32_t n_prompt;
+    int32_t max_tokens;
+    float temperature;
+    bool speculative;
+    const char *const *stop;
+    int32_t n_stop;
+} job;
+
+/* ---- the drafter ---- */
+
+static void test_ngram_propose(void **state)
+{
+    (void)state;
+    int32_t out[8];
+    /* "5 6 7" recurs: the tokens after its most recent earlier occurrence are proposed */
+    const int32_t a[] = {1, 5, 6, 7, 8, 9, 2, 5, 6, 7, 3, 4, 5, 6, 7};
+    assert_int_equal(blade_ngram_propose(a, 15, 2, 3, 4, out), 4);
+    assert_int_equal(out[0], 3);
+    assert_int_equal(out[3], 6);
+    /* k bounds the proposal, and what follows the match may be short */
+    assert_int_equal(blade_ngram_propose(a, 15, 2, 3, 1, out), 1);
+    assert_int_equal(out[0], 3);
+    const int32_t b[] = {1, 2, 3, 9, 2, 3};
+    assert_int_equal(blade_ngram_propose(b, 6, 2, 2, 5, out), 3);
+    assert_int_equal(out[0], 9);
+    assert_int_equal(out[2], 3);
+    /* the longest suffix wins over a more recent shorter one */
+    const int32_t c[] = {4, 2, 3, 10, 7, 3, 11, 4, 2, 3};
+    assert_int_equal(blade_ngram_propose(c, 10, 1, 3, 1, out), 1);
+    assert_int_equal(out[0], 10);
+    assert_int_equal(blade_ngram_propose(c, 10, 1, 1, 1, out), 1);
+    assert_int_equal(out[0], 11);
+    /* nothing recurs, nothing to look in, nothing asked */
+    const int32_t d[] = {1, 2, 3, 4};
+    assert_int_equal(blade_ngram_propose(d, 4, 1, 3, 4, out), 0);
+    assert_int_equal(blade_ngram_propose(d, 1, 1, 3, 4, out), 0);
+    assert_int_equal(blade_ngram_propose(a, 15, 2, 3, 0, out), 0);
+    /* a run of one token predicts more of it */
+    const int32_t e[] = {7, 7, 7};
+    assert_int_equal(blade_ngram_propose(e, 3, 2, 2, 4, out), 1);
+    assert_int_equal(out[0], 7);
+}
+
+/* ---- rollback in the block manager ---- */
+
+static void test_kv_truncate(void **state)
+{
+    (void)state;
+    blade_kv_cache_config cfg = {.n_blocks = 8, .block_size = 4, .prefix_caching = true};
+    blade_error err = {{0}};
+    blade_kv_cache *c = blade_kv_cache_new(&cfg, &err);
+    assert_non_null(c);
+    blade_kv_cache_seq s;
+    blade_kv_cache_seq_init(&s, c, NULL, 0);
+    int32_t toks[20];
+    for (int i = 0; i < 20; i++)
+        toks[i] = 100 + i;
+    /* 9 tokens computed, 7 drafts verified: 4 blocks */
+    assert_int_equal(blade_kv_cache_allocate(c, &s, 16), 0);
+    assert_int_equal(s.n_blocks, 4);
+    /* one draft kept: 10 tokens, 3 blocks; the 4th block, all rejected drafts, is free */
+    blade_kv_cache_truncate(c, &s, 10);
+    blade_kv_cache_commit(c, &s, toks, 10);
+    assert_int_equal(s.n_blocks, 3);
+    assert_int_equal(s.n_hashed, 2);
+    blade_kv_cache_stats st;
+    blade_kv_cache_stats_get(c, &st);
+    assert_int_equal(st.blocks_used, 3);
+    assert_int_equal(st.blocks_free, 5);
+    /* a hashed block is never dropped, whatever the caller asks */
+    blade_kv_cache_truncate(c, &s, 3);
+    assert_int_equal(s.n_blocks, 2);
+    const blade_kv_cache_seq *live[] = {&s};
+    assert_int_equal(blade_kv_cache_check(c, live, 1, &err), 0);
+    blade_kv_cache_release(c, &s);
+    blade_kv_cache_stats_get(c, &st);
+    assert_int_equal(st.blocks_cached, 2);
+    assert_int_equal(st.blocks_free, 6);
+    blade_kv_cache_seq_destroy(&s);
+    blade_kv_cache_free(c);
+}
+
+/* ---- the engine ---- */
+
+typedef struct engine_shape {
+    int32_t kv_blocks, budget, threads;
+    blade_spec_mode mode;
+    int32_t k;
+    const char *draft;       /* draft model path */
+    int32_t draft_kv_blocks; /* 0: the default */
+    bool contiguous;         /* --kv-alloc contiguous */
+} engine_shape;
+
+static blade_engine *engine_try(const blade_model *m, const engine_shape *sh, blade_error *err)
+{
+    blade_engine_config cfg;
+    blade_engine_config_default(&cfg);
+    cfg.n_threads = sh->threads;
+    blade_kv_store_config sc = blade_model_kv_config(&m->hp, cfg.kv_type, cfg.block_size, 0);
+    cfg.kv_mem_bytes = (size_t)sh->kv_blocks * blade_kv_store_block_bytes(&sc);
+    cfg.sched.max_batch_tokens = sh->budget;
+    cfg.sched.max_seqs = 16;
+    cfg.sched.contiguous_kv = sh->contiguous;
+    cfg.check_invariants = true;
+    cfg.spec.mode = sh->mode;
+    cfg.spec.k = sh->k;
+    cfg.spec.ngram_min = 1;
+    cfg.spec.ngram_max = 4;
+    cfg.spec.draft_model_path = sh->draft;
+    cfg.spec.self_layers = 4;
+    /* every k is tried as given; the policy has tests of its own */
+    cfg.spec.adaptive = false;
+    /* the draft has the target's shape here */
+    cfg.spec.draft_kv_mem_bytes = (size_t)sh->draft_kv_blocks * blade_kv_store_block_bytes(&sc);
+    return blade_engine_new(m, &cfg, err);
+}
+
+static blade_engine *engine_new(const blade_model *m, int32_t kv_blocks, int32_t budget, int32_t threads,
+                                blade_spec_mode mode, int32_t k)
+{
+    engine_shape sh = {kv_blocks, budget, threads, mode, k, NULL, 0, false};
+    blade_error err = {{0}};
+    blade_engine *e = engine_try(m, &sh, &err);
+    if (!e)
+        fail_msg("%s", err.msg);
+    return e;
+}
+
+/* stories260K-draft converted to GGUF once per test run */
+static const char *draft_path(void)
+{
+    static char *path;
+    if (path)
+        return path;
+    char *bin = require_shared("models/stories260K-draft.bin");
+    char *tok = require_shared("models/tok512.bin");
+    char *out = temp_path("spec-draft.gguf");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "convert '%s' --tokenizer '%s' -o '%s'", bin, tok, out);
+    char *log = NULL;
+    if (run_blade(cmd, &log, 1) != 0)
+        fail_msg("blade %s failed: %s", cmd, log ? log : "");
+    free(log);
+    free(bin);
+    free(tok);
+    path = out;
+    return path;
+}
+
+static void submit(blade_engine *e, const job *j, result *r)
+{
+    blade_request q;
+    blade_request_default(&q);
+    q.prompt_tokens = j->prompt;
+    q.n_prompt_tokens = j->n_prompt;
+    q.max_tokens = j->max_tokens;
+    q.sampling.temperature = j->temperature;
+    q.sampling.seed = 42;
+    q.speculative = j->speculative;
+    q.stop = j->stop;
+    q.n_stop = j->n_stop;
+    q.logprobs = 3;
+    q.want_logits = true;
+    q.callback = on_token;
+    q.user = r;
+    blade_error err = {{0}};
+    if (!blade_engine_submit(e, &q, &err))
+        fail_msg("%s", err.msg);
+}
+
+static void assert_same(const result *a, const result *b, int i, const char *what)
+{
+    if (a->n != b->n || memcmp(a->tokens, b->tokens, (size_t)a->n * sizeof(int32_t)) != 0)
+        fail_msg("%s: request %d generated different tokens (%d vs %d)", what, i, a->n, b->n);
+    if (memcmp(a->logits, b->logits, (size_t)a->n * a->n_vocab * sizeof(float)) != 0)
+        fail_msg("%s: request %d saw different logits", what, i);
+    if (memcmp(a->logprob, b->logprob, (size_t)a->n * sizeof(float)) != 0 ||
+        memcmp(a->top_ids, b->top_ids, (size_t)a->n * sizeof a->top_ids[0]) != 0 ||
+        memcmp(a->top_lp, b->top_lp, (size_t)a->n * sizeof a->top_lp[0]) != 0)
+        fail_msg("%s: request %d reported different logprobs", what, i);
+    if (a->finish != b->finish || strcmp(a->text, b->text) != 0)
+        fail_msg("%s: request %d finished differently (%s / %s)", what, i, a->text, b->text);
+}
+
+static void assert_clean(blade_engine *e, const char *what)
+{
+    blade_engine_stats st;
+    blade_engine_stats_get(e, &st);
+    if (st.invariant_error[0])
+        fail_msg("%s: %s", what, st.invariant_error);
+    assert_true(st.invariant_checks > 0);
+    assert_int_equal(st.kv_blocks_used, 0);
+    assert_int_equal(st.kv_blocks_free + st.kv_blocks_cached, st.kv_blocks_total);
+}
+
+/* Prompts cut from the story corpus at line starts (stories repeat their names and
+ * phrases, so prompt lookup finds drafts, some right, some wrong), one long enough to be
+ * prefilled in several chunks while others decode. */
+static job *make_jobs(const blade_model *m)
+{
+    size_t len;
+    char *text = read_shared("eval/stories-corpus.txt", &len);
+    job *jobs = calloc(N_PROMPTS, sizeof *jobs);
+    const char *p = text;
+    for (int i = 0; i < N_PROMPTS; i++) {
+        int32_t want = i == 3 ? 400 : 20 + 17 * i;
+        int32_t *toks = NULL;
+        size_t n = 0;
+        blade_error err = {{0}};
+        size_t take = strlen(p) < 4000 ? strlen(p) : 4000;
+        if (blade_tokenizer_encode(m->tokenizer, p, take, true, false, &toks, &n, &err))
+            fail_msg("%s", err.msg);
+        jobs[i].n_prompt = (int32_t)(n < (size_t)want ? n : (size_t)want);
+        memcpy(jobs[i].prompt, toks, (size_t)jobs[i].n_prompt * sizeof *toks);
+        free(toks);
+        jobs[i].max_tokens = 24 + 4 * i;
+        jobs[i].speculative = true;
+        /* two opt out, two sample: they share the steps without speculating */
+        jobs[i].speculative = i != 4 && i != 7;
+        jobs[i].temperature = i == 5 || i == 8 ? 0.9f : 0.0f;
+        const char *next = strstr(p + 1, "\n\n");
+        p = next ? next + 2 : text;
+    }
+    free(text);
+    return jobs;
+}
+
+static void run_all(blade_engine *e, const job *jobs, int n, result *out, int32_t n_vocab, bool one_by_one);
+
+/* The reference: each job alone in an engine without speculation. */
+static void run_plain(const blade_model *m, const job *jobs, int n, result *out)
+{
+    blade_engine *plain = engine_new(m, 512, 256, 2, BLADE_SPEC_NONE, 4);
+    run_all(plain, jobs, n, out, m->hp.n_vocab, true);
+    blade_engine_free(plain, true);
+}
+
+static void free_results(result *r, int n)
+{
+    for (int i = 0; i < n; i++)
+        result_free(&r[i]);
+}
+
+static void run_all(blade_engine *e, const job *jobs, int n, result *out, int32_t n_vocab, bool one_by_one)
+{
+    for (int i = 0; i < n; i++) {
+        result_init(&out[i], n_vocab);
+        submit(e, &jobs[i], &out[i]);
+        if (one_by_one)
+            blade_engine_wait_idle(e);
+    }
+    blade_engine_wait_idle(e);
+    for (int i = 0; i < n; i++)
+        assert_true(out[i].done);
+}
+
+/* Runs the jobs through each engine shape and compares every greedy request with plain
+ * decoding; the sampled ones only have to finish. */
+static void check_bit_identical(const engine_shape *shapes, size_t n_shapes)
+{
+    blade_model *m = load_stories();
+    int32_t nv = m->hp.n_vocab;
+    job *jobs = make_jobs(m);
+
+    result ref[N_PROMPTS];
+    run_plain(m, jobs, N_PROMPTS, ref);
+
+    for (size_t c = 0; c < n_shapes; c++) {
+        const engine_shape *sh = &shapes[c];
+        blade_error err = {{0}};
+        blade_engine *e = engine_try(m, sh, &err);
+        if (!e)
+            fail_msg("%s", err.msg);
+        result got[N_PROMPTS];
+        run_all(e, jobs, N_PROMPTS, got, nv, false);
+        char what[128];
+        snprintf(what, sizeof what, "%s k %d, budget %d, %d blocks, %d threads%s%s", blade_spec_mode_name(sh->mode),
+                 sh->k, sh->budget, sh->kv_blocks, sh->threads, sh->draft_kv_blocks ? ", small draft KV" : "",
+                 sh->contiguous ? ", contiguous KV" : "");
+        for (int i = 0; i < N_PROMPTS; i++) {
+            if (jobs[i].temperature == 0)
+                assert_same(&ref[i], &got[i], i, what);
+            else
+                assert_int_equal(got[i].n, jobs[i].max_tokens);
+            result_free(&got[i]);
+        }
+        blade_engine_stats st;
+        blade_engine_stats_get(e, &st);
+        print_message("%s: %llu steps, %llu verifies, %llu/%llu drafts accepted, %llu preemptions\n", what,
+                      (unsigned long long)st.steps, (unsigned long long)st.spec_verifies,
+                      (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens,
+                      (unsigned long long)st.preemptions);
+        /* drafts were both accepted and rejected, so both paths ran */
+        assert_true(st.spec_accepted_tokens > 0);
+        assert_true(st.spec_accepted_tokens < st.spec_draft_tokens);
+        if (sh->kv_blocks < 100)
+            assert_true(st.preemptions > 0);
+        uint64_t hist = 0;
+        for (int j = 0; j <= BLADE_SPEC_MAX_K; j++)
+            hist += st.spec_accept_hist[j] * (uint64_t)j;
+        assert_int_equal(hist, st.spec_accepted_tokens);
+        assert_clean(e, what);
+        blade_engine_free(e, true);
+    }
+    free_results(ref, N_PROMPTS);
+    free(jobs);
+    blade_model_free(m);
+}
+
+/* budgets of 9 and 24 trim drafts and chunk the long prompt; 40 blocks of 16 tokens cannot
+ * hold every sequence at once, so the scheduler preempts sequences with drafts */
+static void test_ngram_bit_identical(void **state)
+{
+    (void)state;
+    static const engine_shape shapes[] = {
+        {256, 256, 2, BLADE_SPEC_NGRAM, 1, NULL, 0, false}, {256, 24, 1, BLADE_SPEC_NGRAM, 3, NULL, 0, false},
+        {256, 9, 3, BLADE_SPEC_NGRAM, 4, NULL, 0, false},   {40, 64, 2, BLADE_SPEC_NGRAM, 8, NULL, 0, false},
+        {256, 256, 2, BLADE_SPEC_NGRAM, 16, NULL, 0, false},
+        {256, 64, 2, BLADE_SPEC_NGRAM, 4, NULL, 0, true},
+    };
+    check_bit_identical(shapes, sizeof shapes / sizeof shapes[0]);
+}
+
+/* The same with the draft model; the last shape's draft KV (12 blocks) holds only a few
+ * sequences, so the others go without drafts and get them back as blocks free up. */
+static void test_draft_model_bit_identical(void **state)
+{
+    (void)state;
+    const char *d = draft_path();
+    engine_shape shapes[] = {
+        {256, 256, 2, BLADE_SPEC_DRAFT, 1, d, 0, false}, {256, 24, 1, BLADE_SPEC_DRAFT, 3, d, 0, false},
+        {256, 9, 3, BLADE_SPEC_DRAFT, 5, d, 0, false},   {40, 64, 2, BLADE_SPEC_DRAFT, 8, d, 0, false},
+        {256, 256, 2, BLADE_SPEC_DRAFT, 4, d, 12, false},
+    };
+    check_bit_identical(shapes, sizeof shapes / sizeof shapes[0]);
+}
+
+/* Self-draft: the target's own first layers draft (stories260K was not trained for early
+ * exit, so many drafts are rejected: both paths run). */
+static void test_self_draft_bit_identical(void **state)
+{
+    (void)state;
+    static const engine_shape shapes[] = {
+        {256, 256, 2, BLADE_SPEC_SELF, 4, NULL, 0, false},
+        {40, 24, 3, BLADE_SPEC_SELF, 6, NULL, 0, false},
+    };
+    check_bit_identical(shapes, sizeof shapes / sizeof shapes[0]);
+}
+
+/* A draft that cannot draft for the target is refused with the reason; nothing crashes. */
+static void test_draft_model_refused(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    blade_error err = {{0}};
+    engine_shape sh = {64, 64, 1, BLADE_SPEC_DRAFT, 4, NULL, 0, false};
+    assert_null(engine_try(m, &sh, &err));
+    assert_non_null(strstr(err.msg, "--draft-model"));
+
+    char *missing = temp_path("no-such-draft.gguf");
+    sh.draft = missing;
+    assert_null(engine_try(m, &sh, &err));
+    assert_non_null(strstr(err.msg, "no-such-draft.gguf"));
+
+    /* same size, made-up token texts: the first differing token is named */
+    char *other = temp_path("spec-other-vocab.gguf");
+    blade_synth_spec s = {
+        .arch = BLADE_ARCH_LLAMA, .n_vocab = 512, .n_embd = 64, .n_layer = 1, .n_head = 4, .n_head_kv = 2,
+        .head_dim = 16, .n_ff = 128, .n_ctx = 512, .rope_base = 10000.0f, .weight_type = BLADE_TYPE_F32, .seed = 3,
+    };
+    if (blade_synth_write(&s, other, false, &err))
+        fail_msg("%s", err.msg);
+    sh.draft = other;
+    assert_null(engine_try(m, &sh, &err));
+    print_message("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, "differs from the target's at token"));
+
+    /* another size */
+    s.n_vocab = 400;
+    if (blade_synth_write(&s, other, false, &err))
+        fail_msg("%s", err.msg);
+    assert_null(engine_try(m, &sh, &err));
+    assert_non_null(strstr(err.msg, "400 tokens"));
+
+    /* self-draft needs fewer layers than the model has */
+    blade_engine_config cfg;
+    blade_engine_config_default(&cfg);
+    cfg.kv_mem_bytes = 1 << 20;
+    cfg.spec.mode = BLADE_SPEC_SELF;
+    cfg.spec.self_layers = m->hp.n_layer;
+    assert_null(blade_engine_new(m, &cfg, &err));
+    assert_non_null(strstr(err.msg, "--self-layers"));
+
+    /* and the right one loads */
+    sh.draft = draft_path();
+    blade_engine *e = engine_try(m, &sh, &err);
+    if (!e)
+        fail_msg("%s", err.msg);
+    blade_engine_free(e, false);
+    free(missing);
+    free(other);
+    blade_model_free(m);
+}
+
+/* After speculative runs, the prefix cache holds their blocks; new requests whose prompts
+ * are those runs' prompt + output reuse them. A block registered while holding a rejected
+ * draft would hand these requests wrong KV; their logits match a fresh plain engine's. */
+static void test_prefix_cache_holds_no_rejected_token(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    int32_t nv = m->hp.n_vocab;
+    job *jobs = make_jobs(m);
+    blade_engine *e = engine_new(m, 512, 64, 2, BLADE_SPEC_NGRAM, 6);
+    result first[N_PROMPTS];
+    run_all(e, jobs, N_PROMPTS, first, nv, false);
+
+    job *again = calloc(N_PROMPTS, sizeof *again);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        again[i] = jobs[i];
+        memcpy(again[i].prompt + jobs[i].n_prompt, first[i].tokens, (size_t)first[i].n * sizeof(int32_t));
+        again[i].n_prompt += first[i].n;
+        again[i].max_tokens = 16;
+        again[i].temperature = 0;
+        again[i].speculative = true;
+    }
+    result got[N_PROMPTS], ref[N_PROMPTS];
+    run_all(e, again, N_PROMPTS, got, nv, false);
+    blade_engine_stats st;
+    blade_engine_stats_get(e, &st);
+    assert_true(st.prefix_hit_tokens > 0);
+    assert_true(st.spec_accepted_tokens > 0);
+    assert_clean(e, "second round");
+    blade_engine_free(e, true);
+
+    run_plain(m, again, N_PROMPTS, ref);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        assert_same(&ref[i], &got[i], i, "prompt + speculative output, from the prefix cache");
+        result_free(&got[i]);
+        result_free(&ref[i]);
+        result_free(&first[i]);
+    }
+    free(again);
+    free(jobs);
+    blade_model_free(m);
+}
+
+/* Stop strings and max_tokens end a choice inside an accepted run: nothing after them is
+ * emitted, and the text is what plain decoding gives. */
+static void test_stop_inside_accepted_run(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    int32_t nv = m->hp.n_vocab;
+    job *jobs = make_jobs(m);
+    result ref[N_PROMPTS];
+    run_plain(m, jobs, N_PROMPTS, ref);
+
+    /* each stop string is a piece of the plain output's middle; each max_tokens is odd */
+    char stops[N_PROMPTS][16];
+    const char *stop_list[N_PROMPTS][1];
+    job *cut = calloc(N_PROMPTS, sizeof *cut);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        cut[i] = jobs[i];
+        cut[i].temperature = 0;
+        cut[i].speculative = true;
+        size_t at = ref[i].text_len / 2;
+        snprintf(stops[i], sizeof stops[i], "%.5s", ref[i].text + at);
+        stop_list[i][0] = stops[i];
+        if (i % 2) {
+            cut[i].stop = stop_list[i];
+            cut[i].n_stop = 1;
+        } else {
+            cut[i].max_tokens = 7 + i;
+        }
+    }
+    result plain_cut[N_PROMPTS], got[N_PROMPTS];
+    run_plain(m, cut, N_PROMPTS, plain_cut);
+    blade_engine *e = engine_new(m, 256, 256, 2, BLADE_SPEC_NGRAM, 8);
+    run_all(e, cut, N_PROMPTS, got, nv, false);
+    blade_engine_stats st;
+    blade_engine_stats_get(e, &st);
+    assert_true(st.spec_accepted_tokens > 0);
+    assert_clean(e, "stops");
+    blade_engine_free(e, true);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        assert_same(&plain_cut[i], &got[i], i, "stop string / max_tokens inside a run");
+        if (i % 2 == 0)
+            assert_int_equal(got[i].n, cut[i].max_tokens);
+        result_free(&got[i]);
+        result_free(&plain_cut[i]);
+        result_free(&ref[i]);
+    }
+    free(cut);
+    free(jobs);
+    blade_model_free(m);
+}
+
+/* ---- sampling: the rejection rule keeps the distribution ---- */
+
+#define N_DRAWS 1500
+#define DRAW_LEN 5
+
+typedef struct draws {
+    int32_t tokens[N_DRAWS][DRAW_LEN];
+    int32_t n[N_DRAWS];
+    int32_t done;
+    pthread_mutex_t mu;
+} draws;
+
+typedef struct draw_slot {
+    draws *d;
+    int32_t i;
+} draw_slot;
+
+static void on_draw(const blade_token_event *ev)
+{
+    draw_slot *slot = ev->user;
+    draws *d = slot->d;
+    pthread_mutex_lock(&d->mu);
+    if (ev->token >= 0 && d->n[slot->i] < DRAW_LEN)
+        d->tokens[slot->i][d->n[slot->i]++] = ev->token;
+    if (ev->finish != BLADE_FINISH_NONE)
+        d->done++;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* N_DRAWS sampled continuations of one prompt, seeds from seed0 on. */
+static void sample_many(blade_engine *e, const blade_model *m, uint64_t seed0, draws *d, draw_slot *slots)
+{
+    memset(d->tokens, 0, sizeof d->tokens);
+    memset(d->n, 0, sizeof d->n);
+    d->done = 0;
+    const char *prompt = "Once upon a time, there was a little";
+    for (int32_t i = 0; i < N_DRAWS; i++) {
+        blade_request q;
+        blade_request_default(&q);
+        q.prompt_text = prompt;
+        q.prompt_text_len = strlen(prompt);
+        q.max_tokens = DRAW_LEN;
+        q.ignore_eos = true;
+        /* every transform the sampler has, penalties included, so p depends on the tokens
+         * accepted before it in the same verify run */
+        q.sampling.temperature = 1.5f;
+        q.sampling.top_k = 60;
+        q.sampling.top_p = 0.97f;
+        q.sampling.min_p = 0.01f;
+        q.sampling.repeat_penalty = 1.3f;
+        q.sampling.presence_penalty = 0.4f;
+        q.sampling.frequency_penalty = 0.2f;
+        q.sampling.seed = seed0 + (uint64_t)i;
+        slots[i] = (draw_slot){d, i};
+        q.callback = on_draw;
+        q.user = &slots[i];
+        blade_error err = {{0}};
+        if (!blade_engine_submit(e, &q, &err))
+            fail_msg("%s", err.msg);
+    }
+    blade_engine_wait_idle(e);
+    assert_int_equal(d->done, N_DRAWS);
+    (void)m;
+}
+
+/* Two-sample chi-square test of homogeneity on the token at position pos: categories with
+ * fewer than 10 draws in both samples together are pooled. Returns statistic / critical
+ * value at significance 0.001 (Wilson-Hilferty), so < 1 passes. */
+static double chi_square_ratio(const draws *a, const draws *b, int pos, int32_t n_vocab, int *df_out)
+{
+    int32_t *ca = calloc((size_t)n_vocab, sizeof *ca), *cb = calloc((size_t)n_vocab, sizeof *cb);
+    for (int i = 0; i < N_DRAWS; i++) {
+        ca[a->tokens[i][pos]]++;
+        cb[b->tokens[i][pos]]++;
+    }
+    double stat = 0;
+    int df = -1;
+    int32_t pa = 0, pb = 0;
+    for (int32_t t = 0; t < n_vocab; t++) {
+        if (ca[t] + cb[t] < 10) {
+            pa += ca[t];
+            pb += cb[t];
+            continue;
+        }
+        stat += (double)(ca[t] - cb[t]) * (ca[t] - cb[t]) / (ca[t] + cb[t]);
+        df++;
+    }
+    if (pa + pb >= 10) {
+        stat += (double)(pa - pb) * (pa - pb) / (pa + pb);
+        df++;
+    }
+    free(ca);
+    free(cb);
+    *df_out = df;
+    if (df < 1)
+        return 0;
+    double z = 3.0902, h = 2.0 / (9.0 * df);
+    double crit = df * pow(1.0 - h + z * sqrt(h), 3);
+    return stat / crit;
+}
+
+/* The distribution of each of the first sampled tokens after the first (the first comes
+ * from the prompt's step, the rest from verify steps) is the same with and without
+ * speculation: a chi-square test per position at significance 0.001, seeded, so the
+ * verdict is deterministic. The draft model proposes its greedy choice, which a sampled
+ * target rejects often, so both branches of the rule run many times. */
+static void test_sampled_distribution(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    draws *plain = calloc(1, sizeof *plain), *spec = calloc(1, sizeof *spec);
+    pthread_mutex_init(&plain->mu, NULL);
+    pthread_mutex_init(&spec->mu, NULL);
+    draw_slot *slots = calloc(N_DRAWS, sizeof *slots);
+
+    engine_shape sh = {512, 256, 2, BLADE_SPEC_NONE, 3, NULL, 0, false};
+    blade_error err = {{0}};
+    blade_engine *e = engine_try(m, &sh, &err);
+    assert_non_null(e);
+    sample_many(e, m, 1, plain, slots);
+    blade_engine_free(e, true);
+
+    sh.mode = BLADE_SPEC_DRAFT;
+    sh.draft = draft_path();
+    e = engine_try(m, &sh, &err);
+    if (!e)
+        fail_msg("%s", err.msg);
+    sample_many(e, m, 1000001, spec, slots);
+    blade_engine_stats st;
+    blade_engine_stats_get(e, &st);
+    print_message("sampled: %llu/%llu drafts accepted in %llu verifies\n", (unsigned long long)st.spec_accepted_tokens,
+                  (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_verifies);
+    assert_true(st.spec_accepted_tokens > 500);
+    assert_true(st.spec_draft_tokens - st.spec_accepted_tokens > 300);
+    assert_clean(e, "sampled");
+    blade_engine_free(e, true);
+
+    for (int pos = 1; pos < DRAW_LEN; pos++) {
+        int df;
+        double r = chi_square_ratio(plain, spec, pos, m->hp.n_vocab, &df);
+        print_message("token %d: chi-square / critical value (df %d, alpha 0.001) = %.3f\n", pos, df, r);
+        assert_true(df >= 5);
+        assert_true(r < 1.0);
+    }
+    /* the test tells distributions apart: a sampler that keeps a rejected draft in the
+     * distribution it redraws from fails it at token 2 (checked when it was written), and
+     * here the draws of token 2 pass for token 1's only if the test were blind */
+    draws *shifted = calloc(1, sizeof *shifted);
+    for (int i = 0; i < N_DRAWS; i++)
+        shifted->tokens[i][1] = plain->tokens[i][2];
+    int df;
+    assert_true(chi_square_ratio(plain, shifted, 1, m->hp.n_vocab, &df) > 1.0);
+    free(shifted);
+    pthread_mutex_destroy(&plain->mu);
+    pthread_mutex_destroy(&spec->mu);
+    free(plain);
+    free(spec);
+    free(slots);
+    blade_model_free(m);
+}
+
+/* ---- the policy ---- */
+
+static void choose(const double *cost, int32_t n_cost, double value, int32_t tokens, double draft_cost,
+                   spec_cand *c, int32_t n)
+{
+    spec_policy_choose(cost, n_cost, value, tokens, draft_cost, c, n);
+}
+
+static void test_policy(void **state)
+{
+    (void)state;
+    double flat[18], linear[18], knee8[18], knee4[18];
+    for (int t = 0; t < 18; t++) {
+        flat[t] = 1;
+        linear[t] = t;
+        knee8[t] = t > 8 ? t / 8.0 : 1;
+        knee4[t] = t > 4 ? t / 4.0 : 1;
+    }
+    spec_cand c[16];
+    /* a light step: a free verify takes every draft allowed */
+    c[0] = (spec_cand){.alpha = 0.8, .k_max = 4};
+    choose(flat, 17, 1, 1, 0, c, 1);
+    assert_int_equal(c[0].k, 4);
+    choose(knee8, 17, 1, 1, 0, c, 1);
+    assert_int_equal(c[0].k, 4);
+    /* a verify that costs a full step per token never pays */
+    choose(linear, 17, 1, 1, 0, c, 1);
+    assert_int_equal(c[0].k, 0);
+    /* 16 decodes already make the step compute-bound: no drafts at all (back-off) */
+    for (int i = 0; i < 16; i++)
+        c[i] = (spec_cand){.alpha = 0.8, .k_max = 4};
+    choose(knee8, 17, 16, 16, 0, c, 16);
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(c[i].k, 0);
+    /* the room before the knee goes to the likeliest drafts */
+    c[0] = (spec_cand){.alpha = 0.9, .k_max = 4};
+    c[1] = (spec_cand){.alpha = 0.3, .k_max = 4};
+    choose(knee4, 17, 2, 2, 0, c, 2);
+    assert_int_equal(c[0].k, 2);
+    assert_int_equal(c[1].k, 0);
+    /* a draft model's own calls count: a 50% draft costing half a step never pays, a 90%
+     * one pays for three drafts but not a fourth */
+    c[0] = (spec_cand){.alpha = 0.5, .k_max = 8};
+    choose(flat, 17, 1, 1, 0.5, c, 1);
+    assert_int_equal(c[0].k, 0);
+    c[0] = (spec_cand){.alpha = 0.9, .k_max = 8};
+    choose(flat, 17, 1, 1, 0.5, c, 1);
+    assert_int_equal(c[0].k, 3);
+    /* past the measured curve, the last slope goes on */
+    c[0] = (spec_cand){.alpha = 0.99, .k_max = 16};
+    choose(knee4, 5, 1, 1, 0, c, 1);
+    assert_true(c[0].k <= 4);
+
+    spec_accept a;
+    spec_accept_init(&a);
+    assert_true(fabs(spec_accept_rate(&a) - 0.5) < 1e-12);
+    spec_accept_update(&a, 4, 4);
+    assert_true(fabs(spec_accept_rate(&a) - 4.9 / 5.8) < 1e-12);
+    spec_accept_update(&a, 4, 0);
+    assert_true(fabs(spec_accept_rate(&a) - 4.41 / 6.22) < 1e-12);
+    spec_accept_update(&a, 0, 0);
+    assert_true(fabs(spec_accept_rate(&a) - 4.41 / 6.22) < 1e-12);
+}
+
+/* The adaptive engine with a given cost curve: where a verify costs a step per token, it
+ * drafts nothing; where it is free, it drafts; the output is plain decoding's either way. */
+static void test_adaptive_engine_backs_off(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    int32_t nv = m->hp.n_vocab;
+    job *jobs = make_jobs(m);
+    result ref[N_PROMPTS];
+    run_plain(m, jobs, N_PROMPTS, ref);
+    for (int flat = 0; flat < 2; flat++) {
+        blade_engine_config cfg;
+        blade_engine_config_default(&cfg);
+        cfg.n_threads = 2;
+        cfg.kv_mem_bytes = 8 << 20;
+        cfg.check_invariants = true;
+        cfg.spec.mode = BLADE_SPEC_NGRAM;
+        cfg.spec.ngram_min = 1;
+        cfg.spec.k = 6;
+        for (int t = 1; t <= cfg.spec.k + 1; t++)
+            cfg.spec.verify_cost[t] = flat ? 1.0 : t;
+        blade_error err = {{0}};
+        blade_engine *e = blade_engine_new(m, &cfg, &err);
+        if (!e)
+            fail_msg("%s", err.msg);
+        result got[N_PROMPTS];
+        run_all(e, jobs, N_PROMPTS, got, nv, false);
+        for (int i = 0; i < N_PROMPTS; i++) {
+            if (jobs[i].temperature == 0)
+                assert_same(&ref[i], &got[i], i, flat ? "adaptive, free verify" : "adaptive, dear verify");
+            result_free(&got[i]);
+        }
+        blade_engine_stats st;
+        blade_engine_stats_get(e, &st);
+        print_message("%s verify: %llu drafts, %llu accepted\n", flat ? "free" : "dear",
+                      (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_accepted_tokens);
+        if (flat)
+            assert_true(st.spec_accepted_tokens > 0);
+        else
+            assert_int_equal(st.spec_draft_tokens, 0);
+        assert_clean(e, "adaptive");
+        blade_engine_free(e, true);
+    }
+    free_results(ref, N_PROMPTS);
+    free(jobs);
+    blade_model_free(m);
+}
+
+static void test_rejects_bad_config(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    blade_engine_config cfg;
+    blade_engine_config_default(&cfg);
+    cfg.kv_mem_bytes = 1 << 20;
+    blade_error err = {{0}};
+    cfg.spec.mode = BLADE_SPEC_NGRAM;
+    cfg.spec.k = 0;
+    assert_null(blade_engine_new(m, &cfg, &err));
+    assert_non_null(strstr(err.msg, "spec-k"));
+    cfg.spec.k = BLADE_SPEC_MAX_K + 1;
+    assert_null(blade_engine_new(m, &cfg, &err));
+    cfg.spec.k = 4;
+    cfg.spec.ngram_min = 3;
+    cfg.spec.ngram_max = 2;
+    assert_null(blade_engine_new(m, &cfg, &err));
+    assert_non_null(strstr(err.msg, "ngram"));
+    assert_int_equal(blade_spec_mode_parse("ngram"), BLADE_SPEC_NGRAM);
+    assert_int_equal(blade_spec_mode_parse("self"), BLADE_SPEC_SELF);
+    assert_int_equal(blade_spec_mode_parse("draft"), BLADE_SPEC_DRAFT);
+    assert_int_equal(blade_spec_mode_parse("none"), BLADE_SPEC_NONE);
+    assert_int_equal(blade_spec_mode_parse("bogus"), -1);
+    blade_model_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ngram_propose),
+        cmocka_unit_test(test_kv_truncate),
+        cmocka_unit_test(test_ngram_bit_identical),
+        cmocka_unit_test(test_draft_model_bit_identical),
+        cmocka_unit_test(test_self_draft_bit_identical),
+        cmocka_unit_test(test_draft_model_refused),
+        cmocka_unit_test(test_sampled_distribution),
+        cmocka_unit_test(test_policy),
+        cmocka_unit_test(test_adaptive_engine_backs_off),
+        cmocka_unit_test(test_prefix_cache_holds_no_rejected_token),
+        cmocka_unit_test(test_stop_inside_accepted_run),
+        cmocka_unit_test(test_rejects_bad_config),
+    };
+    /* BLADE_TEST_FILTER=pattern runs only the matching tests (while developing) */
+    if (getenv("BLADE_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("BLADE_TEST_FILTER"));
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
