@@ -170,7 +170,7 @@ static void bench_spec_init(void *opts)
 static const cli_flag bench_spec_flags[] = {
     {.name = "model", .letter = 'm', .kind = CLI_PATH, CLI_AT(O, model), .metavar = "FILE",
      .dflt = "../shared/models/stories260K.gguf if present", .help = "target model"},
-    {.name = "text", .letter = 'f', .kind = CLI_PATH, CLI_AT(O, text), .metavar = "FILE",
+    {.name = "file", .letter = 'f', .kind = CLI_PATH, CLI_AT(O, text), .metavar = "FILE",
      .help = "the text prompts are cut from"},
     {.name = "prompts", .kind = CLI_INT, CLI_AT(O, n_prompts), .min = 1, .max = 1000, .metavar = "N",
      .help = "prompts, from evenly spaced places in the text"},
