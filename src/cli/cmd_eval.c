@@ -11,7 +11,6 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 static void eval_usage(FILE *out)
 {
@@ -30,7 +29,8 @@ static void eval_usage(FILE *out)
             "  -f, --file FILE        text to score\n"
             "  -c, --ctx-size N       chunk length in tokens (default 512)\n"
             "      --chunks N         score at most N chunks (default: all)\n"
-            "      --kv-type T        the candidate's KV cache type: f16 (default), bf16, f32; the base's is f16\n"
+            "      --kv-type T        the candidate's KV cache type: f16 (default), bf16, f32, q8_0, fp8; the base's\n"
+            "                         is f16\n"
             "      --batch-tokens N   tokens per forward call (default 512; a longer chunk is split)\n"
             "  -t, --threads N        compute threads (default: physical cores)\n"
             "      --json             the results as JSON on stdout instead of tables\n"
@@ -100,18 +100,8 @@ int cmd_eval(int argc, char **argv)
     }
     if (cli_eval_read_text(&text, base, text_path, &cfg))
         goto done;
-    fprintf(stderr, "%zu tokens, %d chunks of %d; base KV f16, candidate KV %s\n", text.n_tokens, text.n_chunks,
-            text.n_ctx, blade_kv_type_name(cfg.kv_type));
-    bool tty = isatty(STDERR_FILENO);
-    if (tty)
-        cfg.progress = cli_eval_progress;
-    int failed = blade_eval_compare(base, cand, &text, &cfg, &r, &err);
-    if (tty)
-        cli_eval_progress_done();
-    if (failed) {
-        fprintf(stderr, "error: %s\n", err.msg);
+    if (cli_eval_run_compare(base, cand, &text, &cfg, &r))
         goto done;
-    }
     cli_eval_info info = {.base_path = base_path, .cand_path = cand_path, .text_path = text_path,
                           .base_kv = BLADE_KV_F16, .cand_kv = cfg.kv_type};
     if (json) {
@@ -122,17 +112,7 @@ int cmd_eval(int argc, char **argv)
     } else {
         cli_eval_print_table(stdout, &info, &r);
     }
-    rc = 0;
-    if (gate_expr) {
-        if (blade_gate_failures(&gate, &r)) {
-            fprintf(stderr, "gate failed:\n");
-            cli_gate_print(stderr, &gate, &r, true);
-            rc = 3;
-        } else {
-            fprintf(stderr, "gate passed:\n");
-            cli_gate_print(stderr, &gate, &r, false);
-        }
-    }
+    rc = gate_expr && cli_gate_report(&gate, &r) ? 3 : 0;
 done:
     blade_eval_result_free(&r);
     blade_eval_text_free(&text);

@@ -6,6 +6,7 @@
 #include "blade/quantize.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/quantize_gate.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -36,6 +37,14 @@ static void quantize_usage(FILE *out)
             "  --imatrix FILE     weight each column's rounding error by its importance, from\n"
             "                     `blade imatrix` run on this model (refused for another model;\n"
             "                     matrices it lacks keep the default weighting, with a warning)\n"
+            "  --gate EXPR        write OUT only if the quantized model, evaluated against IN on\n"
+            "                     --eval-text as `blade eval` does, meets every condition, e.g.\n"
+            "                     \"kld<=0.02,ppl<=+1.5%%,top1>=0.95\" (measures kld, kld_median,\n"
+            "                     kld_p90, kld_p99, kld_max, ppl, top1); otherwise exit status 3,\n"
+            "                     the failing conditions on stderr, and no OUT\n"
+            "  --eval-text FILE   the text the gate evaluates on (required with --gate)\n"
+            "  --eval-ctx N       its chunk length in tokens (default 512)\n"
+            "  --eval-chunks N    evaluate at most N chunks (default: all)\n"
             "  -h, --help         this help\n",
             blade_quant_scheme_names());
 }
@@ -199,12 +208,53 @@ static blade_imatrix *load_imatrix(const char *path, const char *model_path, bla
     return imx;
 }
 
+typedef struct gated_write {
+    cli_quantize_gate *gate;
+    const char *in, *out, *scheme, *imatrix_path;
+    const blade_imatrix *imx;
+} gated_write;
+
+/* The quantize_params accept hook: the conversion's summary, then the gate's verdict on it. */
+static int judge_written(void *ctx, const char *written_path, const blade_quantize_report *report, blade_error *err)
+{
+    gated_write *gw = ctx;
+    print_summary(gw->in, gw->out, gw->scheme, report, gw->imatrix_path, gw->imx);
+    fflush(stdout);
+    /* the evaluation does not stop for Ctrl-C, but its verdict then counts for nothing */
+    int verdict = cli_interrupted ? -1 : cli_quantize_gate_judge(gw->gate, written_path, err);
+    return cli_interrupted ? blade_error_set(err, "interrupted") : verdict;
+}
+
+/* --gate and its --eval-* options: a usage error (status 2) unless they come together and
+ * the expression parses. */
+static int check_gate_options(cli_quantize_gate *g, bool eval_options)
+{
+    blade_error err = {{0}};
+    if (!g->expr) {
+        if (!eval_options)
+            return 0;
+        fprintf(stderr, "error: --eval-text, --eval-ctx and --eval-chunks only apply with --gate\n");
+        return 2;
+    }
+    if (blade_gate_parse(g->expr, &g->gate, &err)) {
+        fprintf(stderr, "error: --gate: %s\n", err.msg);
+        return 2;
+    }
+    if (!g->text_path) {
+        fprintf(stderr, "error: --gate needs --eval-text FILE, the text to evaluate the quantized model on\n");
+        return 2;
+    }
+    return 0;
+}
+
 int cmd_quantize(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"type", required_argument, 0, 'T'},    {"keep", required_argument, 0, 'k'},
         {"threads", required_argument, 0, 't'}, {"no-refine", no_argument, 0, 'R'},
-        {"imatrix", required_argument, 0, 'I'}, {"help", no_argument, 0, 'h'},
+        {"imatrix", required_argument, 0, 'I'}, {"gate", required_argument, 0, 'G'},
+        {"eval-text", required_argument, 0, 'E'}, {"eval-ctx", required_argument, 0, 'C'},
+        {"eval-chunks", required_argument, 0, 'N'}, {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     blade_quant_keep keeps[MAX_KEEPS];
@@ -212,7 +262,10 @@ int cmd_quantize(int argc, char **argv)
     const char *type = NULL, *imatrix_path = NULL;
     blade_imatrix *imx = NULL;
     long long threads = 0;
-    bool no_refine = false;
+    bool no_refine = false, eval_options = false;
+    cli_quantize_gate gate = {0};
+    blade_eval_config_default(&gate.cfg);
+    long long v;
     int rc = 2, c;
     blade_error err = {{0}};
     optind = 1;
@@ -236,6 +289,23 @@ int cmd_quantize(int argc, char **argv)
             break;
         case 'R': no_refine = true; break;
         case 'I': imatrix_path = optarg; break;
+        case 'G': gate.expr = optarg; break;
+        case 'E':
+            gate.text_path = optarg;
+            eval_options = true;
+            break;
+        case 'C':
+            if (!cli_parse_int("--eval-ctx", optarg, 4, 1 << 20, &v))
+                goto done;
+            gate.cfg.n_ctx = (int32_t)v;
+            eval_options = true;
+            break;
+        case 'N':
+            if (!cli_parse_int("--eval-chunks", optarg, 1, 1 << 30, &v))
+                goto done;
+            gate.cfg.max_chunks = (int32_t)v;
+            eval_options = true;
+            break;
         case 'h':
             quantize_usage(stdout);
             rc = 0;
@@ -257,6 +327,8 @@ int cmd_quantize(int argc, char **argv)
         fprintf(stderr, "error: unknown --type '%s' (blade quantize writes %s)\n", type, blade_quant_scheme_names());
         goto done;
     }
+    if (check_gate_options(&gate, eval_options))
+        goto done;
     const char *in = argv[optind], *out = argv[optind + 1];
     blade_quantize_params params = {
         .scheme = scheme, .keep = keeps, .n_keep = n_keeps, .n_threads = (int)threads, .no_refine = no_refine,
@@ -275,6 +347,17 @@ int cmd_quantize(int argc, char **argv)
         params.imatrix_chunks = imx->chunks > INT32_MAX ? INT32_MAX : (int32_t)imx->chunks;
         params.imatrix_entries = (int32_t)imx->n_entries;
     }
+    gated_write gw = {.gate = &gate, .in = in, .out = out, .scheme = scheme->name, .imatrix_path = imatrix_path,
+                      .imx = imx};
+    if (gate.expr) {
+        gate.in_path = in;
+        gate.out_path = out;
+        gate.cfg.n_threads = (int)threads;
+        if (cli_quantize_gate_open(&gate))
+            goto done;
+        params.accept = judge_written;
+        params.accept_ctx = &gw;
+    }
     blade_quantize_job *job = blade_quantize_prepare(in, &params, &err);
     if (!job) {
         fprintf(stderr, "error: %s\n", err.msg);
@@ -288,15 +371,22 @@ int cmd_quantize(int argc, char **argv)
     cli_interrupts_catch(&signals);
     int wrc = blade_quantize_write(job, out, &err);
     cli_interrupts_restore(&signals);
-    if (wrc != 0) {
+    if (wrc < 0) {
         fprintf(stderr, "error: %s\n", err.msg);
         rc = cli_interrupted ? 130 : 1;
+    } else if (wrc > 0) {
+        fprintf(stderr, "%s not written: the quantized model does not meet the gate\n", out);
+        rc = 3;
     } else {
-        print_summary(in, out, scheme->name, blade_quantize_job_report(job), imatrix_path, imx);
+        if (!gate.expr)
+            print_summary(in, out, scheme->name, blade_quantize_job_report(job), imatrix_path, imx);
+        else
+            printf("wrote %s: it meets the gate %s\n", out, gate.expr);
         rc = 0;
     }
     blade_quantize_job_free(job);
 done:
+    cli_quantize_gate_close(&gate);
     blade_imatrix_free(imx);
     for (size_t k = 0; k < n_keeps; k++)
         blade_quant_keep_free(&keeps[k]);
