@@ -23,9 +23,9 @@ bool blade_quantize_type_supported(uint32_t type);
  *
  * importance: NULL, or n non-negative weights, one per value's input column (for a weight
  * row: the mean square of the activations each column multiplies, as an importance matrix
- * records). It weights the error the scale search minimizes: w[i] = importance[i] *
- * sqrt(sigma2 + x[i]^2), sigma2 the mean of x^2 over the n values. NULL keeps the reference
- * quantizer's weighting (blade_quant_weighted_error).
+ * records). It weights the error the scale search minimizes: w[i] = importance[i] for Q4_K
+ * and Q5_K, importance[i] * sqrt(sigma2 + x[i]^2) for the others, sigma2 the mean of x^2 over
+ * the n values. NULL keeps the reference quantizer's weighting (blade_quant_weighted_error).
  *
  * refine: after the reference search, blade searches further (neighbouring sub-block scales
  * and mins, a least-squares refit of the super-block scales) and keeps a block only where its
