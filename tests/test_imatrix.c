@@ -444,8 +444,27 @@ static double tensor_error(const gguf_tensor *src, const gguf_tensor *q, const f
     return e;
 }
 
+/* The output error a matrix's rounding causes, to first order: each value's squared error
+ * times the mean square of the activation it multiplies, whatever weighting the type's
+ * search uses. */
+static double output_error(const gguf_tensor *src, const gguf_tensor *q, const float *importance)
+{
+    int64_t row = src->ne[0], n = (int64_t)src->n_elements;
+    float *y = malloc((size_t)n * sizeof *y);
+    blade_type_traits_get(q->type)->to_float(q->data, y, n);
+    double e = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)((const float *)src->data)[i] - y[i];
+        e += importance[i % row] * d * d;
+    }
+    free(y);
+    return e;
+}
+
 /* On every type the importance-weighted error with the imatrix is lower than without, over
- * the model and on every matrix; the file records the importance matrix it used. */
+ * the model and on every matrix, and so is the output error, by more than 3% over the model
+ * (Q4_K and Q5_K weighted by importance x sqrt(sigma2 + x^2) managed 2.1% and 2.2%);
+ * the file records the importance matrix it used. */
 static void test_quantize_lowers_weighted_error(void **state)
 {
     (void)state;
@@ -474,7 +493,7 @@ static void test_quantize_lowers_weighted_error(void **state)
         free(out);
         gguf_file *a = gguf_open(with, &err), *b = gguf_open(without, &err);
         assert_true(a && b);
-        double total_with = 0, total_without = 0;
+        double total_with = 0, total_without = 0, out_with = 0, out_without = 0;
         for (size_t i = 0; i < im->n_entries; i++) {
             const blade_imatrix_entry *e = &im->entries[i];
             const gguf_tensor *x = gguf_find_tensor(src, e->name), *qa = gguf_find_tensor(a, e->name),
@@ -483,9 +502,13 @@ static void test_quantize_lowers_weighted_error(void **state)
             assert_true(ea < eb);
             total_with += ea;
             total_without += eb;
+            out_with += output_error(x, qa, e->mean_sq);
+            out_without += output_error(x, qb, e->mean_sq);
         }
-        print_message("%-5s importance-weighted error: %.6g without the imatrix, %.6g with (%.3f)\n", types[k],
-                      total_without, total_with, total_with / total_without);
+        print_message("%-5s importance-weighted error: %.6g without the imatrix, %.6g with (%.3f); output error "
+                      "%.3f\n", types[k], total_without, total_with, total_with / total_without,
+                      out_with / out_without);
+        assert_true(out_with < 0.97 * out_without);
         char *file = NULL;
         bool present = false;
         file = gguf_get_string(a, "quantize.imatrix.file", &present, &err);

@@ -554,14 +554,6 @@ static void test_malformed_inputs(void **state)
     assert_non_null(strstr(out, "magic"));
     free(out);
 
-    /* A weight type blade cannot read (Q4_1 has a layout but no dequantizer). */
-    static uint8_t q4_1[20 * 8];
-    char *unreadable = write_one_tensor_model("bad-q4_1.gguf", BLADE_TYPE_Q4_1, q4_1, sizeof q4_1, 32, 8);
-    snprintf(args, sizeof args, "'%s' '%s' --type Q8_0", unreadable, out_path);
-    assert_int_equal(quantize_cli(args, &out), 1);
-    assert_non_null(strstr(out, "tensor 'blk.0.ffn_up.weight' is Q4_1, which blade cannot read"));
-    free(out);
-
     /* Values no quantized type can hold: a NaN, and one beyond the fp16 range. */
     float values[64 * 4];
     for (int i = 0; i < 64 * 4; i++)
@@ -595,14 +587,166 @@ static void test_malformed_inputs(void **state)
 
     unlink(out_path);
     unlink(junk);
-    unlink(unreadable);
     unlink(nan_model);
     unlink(big_model);
     free(junk);
-    free(unreadable);
     free(nan_model);
     free(big_model);
     free(out_path);
+    free(in);
+}
+
+/* Runs `blade quantize ARGS` (%1$s: the input, %2$s: the output, which must not appear) and
+ * expects the status and a message. */
+static void expect_refusal(const char *in, const char *args_fmt, int rc, const char *message)
+{
+    char *out_path = temp_path("refused-out.gguf");
+    unlink(out_path);
+    char args[2048], *out = NULL;
+    snprintf(args, sizeof args, args_fmt, in, out_path);
+    int got = quantize_cli(args, &out);
+    if (got != rc || !strstr(out, message))
+        fail_msg("quantize %s: status %d, output:\n%s\nwanted status %d and \"%s\"", args, got, out, rc, message);
+    assert_int_equal(access(out_path, F_OK), -1);
+    assert_int_equal(files_starting("refused-out.gguf"), 0);
+    free(out);
+    free(out_path);
+}
+
+static void test_unknown_type(void **state)
+{
+    (void)state;
+    char *in = require_shared("quant/tiny256-f32.gguf");
+    expect_refusal(in, "'%1$s' '%2$s' --type Q3_K", 2, "error: unknown --type 'Q3_K' (blade writes Q8_0,");
+    expect_refusal(in, "'%1$s' '%2$s' --type Q4_K_S", 2, "error: unknown --type 'Q4_K_S'");
+    free(in);
+}
+
+/* A source whose weights are neither float nor a type blade can dequantize (Q4_1 has a
+ * layout but no dequantizer). */
+static void test_non_float_source(void **state)
+{
+    (void)state;
+    static uint8_t q4_1[20 * 8];
+    char *unreadable = write_one_tensor_model("bad-q4_1.gguf", BLADE_TYPE_Q4_1, q4_1, sizeof q4_1, 32, 8);
+    expect_refusal(unreadable, "'%1$s' '%2$s' --type Q8_0", 1,
+                   "tensor 'blk.0.ffn_up.weight' is Q4_1, which blade cannot read");
+    unlink(unreadable);
+    free(unreadable);
+}
+
+/* ---- the gate ---- */
+
+#define GATE_EVAL "--eval-text '%s' --eval-ctx 128 --eval-chunks 4 -t 2"
+
+/* Q8_0 of stories260K meets a reasonable gate: the evaluation is shown and OUT written. */
+static void test_gate_passes(void **state)
+{
+    (void)state;
+    char *in = require_shared("models/stories260K.gguf"), *text = require_shared("eval/stories-corpus.txt");
+    char *out_path = temp_path("gate-pass.gguf");
+    unlink(out_path);
+    char args[2048], *out = NULL;
+    snprintf(args, sizeof args, "'%s' '%s' --type Q8_0 --gate 'kld<=0.02,ppl<=+1.5%%,top1>=0.95' " GATE_EVAL, in,
+             out_path, text);
+    int rc = quantize_cli(args, &out);
+    printf("%s", out);
+    if (rc != 0)
+        fail_msg("status %d", rc);
+    assert_non_null(strstr(out, "quantized "));
+    assert_non_null(strstr(out, "KL divergence      mean "));
+    assert_non_null(strstr(out, "gate passed:\n  kld <= 0.02: mean KLD "));
+    assert_non_null(strstr(out, "ppl <= +1.5%: change in perplexity "));
+    assert_non_null(strstr(out, "top1 >= 0.95: top-1 agreement "));
+    assert_non_null(strstr(out, "wrote "));
+    assert_non_null(strstr(out, "it meets the gate kld<=0.02,ppl<=+1.5%,top1>=0.95"));
+    free(out);
+    gguf_file *q = open_or_fail(out_path);
+    assert_int_equal(gguf_find_tensor(q, "blk.0.attn_q.weight")->type, BLADE_TYPE_Q8_0);
+    gguf_close(q);
+    assert_int_equal(files_starting("gate-pass.gguf"), 1);
+    unlink(out_path);
+    free(out_path);
+    free(text);
+    free(in);
+}
+
+/* Q4_0 fails a strict KLD limit: status 3, the failing condition alone on stderr, no OUT, no
+ * temporary file, and an existing OUT untouched. */
+static void test_gate_refuses(void **state)
+{
+    (void)state;
+    char *in = require_shared("models/stories260K.gguf"), *text = require_shared("eval/stories-corpus.txt");
+    char *out_path = temp_path("gate-fail.gguf");
+    unlink(out_path);
+    for (int existing = 0; existing < 2; existing++) {
+        if (existing)
+            assert_int_equal(write_file(out_path, "previous contents", 17), 0);
+        char args[2048], *out = NULL;
+        snprintf(args, sizeof args, "'%s' '%s' --type Q4_0 --gate 'kld<=0.001,top1>=0.5' " GATE_EVAL, in, out_path,
+                 text);
+        char cmd[4400];
+        snprintf(cmd, sizeof cmd, "exec '%s' quantize %s 2>&1 >/dev/null", BLADE_BINARY, args); /* stderr alone */
+        int rc = run_command(cmd, &out);
+        printf("%s", out);
+        assert_int_equal(rc, 3);
+        if (!strstr(out, "gate failed:\n  kld <= 0.001: mean KLD "))
+            fail_msg("%s", out);
+        assert_non_null(strstr(out, "(FAILS)"));
+        assert_null(strstr(out, "top1 >= 0.5"));
+        assert_non_null(strstr(out, "not written: the quantized model does not meet the gate"));
+        free(out);
+        if (existing) {
+            size_t len;
+            char *kept = read_file(out_path, &len);
+            assert_int_equal(len, 17);
+            assert_memory_equal(kept, "previous contents", 17);
+            free(kept);
+        } else {
+            assert_int_equal(access(out_path, F_OK), -1);
+        }
+        assert_int_equal(files_starting("gate-fail.gguf"), existing);
+    }
+    unlink(out_path);
+    free(out_path);
+    free(text);
+    free(in);
+}
+
+/* A gate that cannot parse is a usage error naming the bad term, before any conversion. */
+static void test_gate_malformed(void **state)
+{
+    (void)state;
+    char *in = require_shared("models/stories260K.gguf");
+    expect_refusal(in, "'%1$s' '%2$s' --type Q8_0 --gate 'kld<=0.02,ppl<=1.5' --eval-text /nonexistent", 2,
+                   "error: --gate: gate term 2 'ppl<=1.5': ppl limits the change in perplexity, a percentage");
+    expect_refusal(in, "'%1$s' '%2$s' --type Q8_0 --gate 'kl<=0.02' --eval-text /nonexistent", 2,
+                   "error: --gate: gate term 1 'kl<=0.02': unknown measure 'kl'");
+    expect_refusal(in, "'%1$s' '%2$s' --type Q8_0 --gate 'top1=0.9' --eval-text /nonexistent", 2,
+                   "error: --gate: gate term 1 'top1=0.9': only <=, <, >= and > compare");
+    expect_refusal(in, "'%1$s' '%2$s' --type Q8_0 --gate 'kld<=0.02,,top1>=0.9' --eval-text /nonexistent", 2,
+                   "error: --gate: gate term 2 is empty");
+    free(in);
+}
+
+/* The gate's text: required with it, refused without it, read before the conversion. */
+static void test_gate_text(void **state)
+{
+    (void)state;
+    char *in = require_shared("models/stories260K.gguf");
+    expect_refusal(in, "'%1$s' '%2$s' --type Q8_0 --gate 'kld<=0.02'", 2,
+                   "error: --gate needs --eval-text FILE, the text to evaluate the quantized model on");
+    expect_refusal(in, "'%1$s' '%2$s' --type Q8_0 --eval-text /nonexistent", 2,
+                   "error: --eval-text, --eval-ctx and --eval-chunks only apply with --gate");
+    expect_refusal(in, "'%1$s' '%2$s' --type Q8_0 --gate 'kld<=0.02' --eval-text /nonexistent/text.txt", 1,
+                   "/nonexistent/text.txt");
+    char *shorty = temp_path("gate-short.txt");
+    assert_int_equal(write_file(shorty, "Once upon a time.", 17), 0);
+    char fmt[1024];
+    snprintf(fmt, sizeof fmt, "'%%1$s' '%%2$s' --type Q8_0 --gate 'kld<=0.02' --eval-text '%s' --eval-ctx 64", shorty);
+    expect_refusal(in, fmt, 1, "gate-short.txt: the text has");
+    unlink(shorty);
+    free(shorty);
     free(in);
 }
 
@@ -846,6 +990,12 @@ int main(void)
         cmocka_unit_test(test_synth_shares_recipe),
         cmocka_unit_test(test_quantized_model_runs),
         cmocka_unit_test(test_malformed_inputs),
+        cmocka_unit_test(test_unknown_type),
+        cmocka_unit_test(test_non_float_source),
+        cmocka_unit_test(test_gate_passes),
+        cmocka_unit_test(test_gate_refuses),
+        cmocka_unit_test(test_gate_malformed),
+        cmocka_unit_test(test_gate_text),
         cmocka_unit_test(test_refuses_output_over_input),
         cmocka_unit_test(test_requantize_warns),
         cmocka_unit_test(test_summary_and_keep),

@@ -172,5 +172,15 @@ int gguf_writer_add_tensor_filled(gguf_writer *w, const char *name, uint32_t typ
  * followed. An existing non-regular file (a device, a pipe) is written in place. Shows
  * progress on a terminal when show_progress is set. */
 int gguf_writer_write(gguf_writer *w, const char *path, bool show_progress, blade_error *err);
+/* Decides whether a complete file may replace path: called with the file under its
+ * temporary name, synced and closed. 0 accepts it; a positive value refuses it; a negative
+ * one (with err set) is an error. */
+typedef int (*gguf_check_fn)(void *check_ctx, const char *written_path, blade_error *err);
+/* gguf_writer_write, with check consulted before the rename: a file it refuses or fails on
+ * is removed and path keeps its old contents. Returns 0 when written, the check's positive
+ * verdict when refused, -1 on an error (a path that is not a regular file is one, as it
+ * could only be written in place). check may be NULL. */
+int gguf_writer_write_checked(gguf_writer *w, const char *path, bool show_progress, gguf_check_fn check,
+                              void *check_ctx, blade_error *err);
 
 #endif

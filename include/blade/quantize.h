@@ -23,9 +23,9 @@ bool blade_quantize_type_supported(uint32_t type);
  *
  * importance: NULL, or n non-negative weights, one per value's input column (for a weight
  * row: the mean square of the activations each column multiplies, as an importance matrix
- * records). It weights the error the scale search minimizes: w[i] = importance[i] *
- * sqrt(sigma2 + x[i]^2), sigma2 the mean of x^2 over the n values. NULL keeps the reference
- * quantizer's weighting (blade_quant_weighted_error).
+ * records). It weights the error the scale search minimizes: w[i] = importance[i] for Q4_K
+ * and Q5_K, importance[i] * sqrt(sigma2 + x[i]^2) for the others, sigma2 the mean of x^2 over
+ * the n values. NULL keeps the reference quantizer's weighting (blade_quant_weighted_error).
  *
  * refine: after the reference search, blade searches further (neighbouring sub-block scales
  * and mins, a least-squares refit of the super-block scales) and keeps a block only where its
@@ -98,6 +98,8 @@ void blade_quant_keep_free(blade_quant_keep *keep);
 typedef const float *(*blade_quant_importance_fn)(void *ctx, const char *tensor, int64_t n_cols, int64_t n_slices,
                                                   blade_error *err);
 
+struct blade_quantize_report;
+
 typedef struct blade_quantize_params {
     const blade_quant_scheme *scheme;
     const blade_quant_keep *keep; /* first match wins */
@@ -117,6 +119,13 @@ typedef struct blade_quantize_params {
     /* When it becomes non-zero (a SIGINT handler sets it), the conversion stops between row
      * chunks and no output file is left behind. */
     const volatile sig_atomic_t *cancel;
+    /* When set, decides whether the converted file may become the output (a quality gate):
+     * called once it is complete, under a temporary name beside out_path, with the report's
+     * results (file_bytes_out, seconds) filled in. 0 accepts it; a positive value refuses it,
+     * and blade_quantize_write removes the file and returns that value; a negative one is an
+     * error (err set). */
+    int (*accept)(void *ctx, const char *written_path, const struct blade_quantize_report *report, blade_error *err);
+    void *accept_ctx;
 } blade_quantize_params;
 
 typedef struct blade_quant_tensor_plan {
@@ -164,7 +173,8 @@ const blade_quantize_report *blade_quantize_job_report(const blade_quantize_job 
  * written beside out_path and renamed into place once complete and synced, so out_path is
  * untouched unless this succeeds. Refuses an out_path that is the input (same inode), and
  * tensors with values that are not finite or (for every type with fp16 scales, and F16)
- * beyond +-65504. */
+ * beyond +-65504. Returns 0 when written, -1 on an error, and the accept hook's positive
+ * verdict when it refused the file (nothing written). */
 int blade_quantize_write(blade_quantize_job *job, const char *out_path, blade_error *err);
 void blade_quantize_job_free(blade_quantize_job *job);
 

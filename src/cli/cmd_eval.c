@@ -11,7 +11,6 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 typedef struct eval_options {
     cli_eval_args shared;
@@ -91,18 +90,8 @@ static int eval_main(int argc, char **argv)
     }
     if (cli_eval_read_text(&text, base, text_path, &cfg))
         goto done;
-    fprintf(stderr, "%zu tokens, %d chunks of %d; base KV f16, candidate KV %s\n", text.n_tokens, text.n_chunks,
-            text.n_ctx, blade_kv_type_name(cfg.kv_type));
-    bool tty = isatty(STDERR_FILENO);
-    if (tty)
-        cfg.progress = cli_eval_progress;
-    int failed = blade_eval_compare(base, cand, &text, &cfg, &r, &err);
-    if (tty)
-        cli_eval_progress_done();
-    if (failed) {
-        fprintf(stderr, "error: %s\n", err.msg);
+    if (cli_eval_run_compare(base, cand, &text, &cfg, &r))
         goto done;
-    }
     cli_eval_info info = {.base_path = base_path, .cand_path = cand_path, .text_path = text_path,
                           .base_kv = BLADE_KV_F16, .cand_kv = cfg.kv_type};
     if (json) {
@@ -113,17 +102,7 @@ static int eval_main(int argc, char **argv)
     } else {
         cli_eval_print_table(stdout, &info, &r);
     }
-    rc = 0;
-    if (gate_expr) {
-        if (blade_gate_failures(&gate, &r)) {
-            fprintf(stderr, "gate failed:\n");
-            cli_gate_print(stderr, &gate, &r, true);
-            rc = 3;
-        } else {
-            fprintf(stderr, "gate passed:\n");
-            cli_gate_print(stderr, &gate, &r, false);
-        }
-    }
+    rc = gate_expr && cli_gate_report(&gate, &r) ? 3 : 0;
 done:
     blade_eval_result_free(&r);
     blade_eval_text_free(&text);

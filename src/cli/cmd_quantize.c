@@ -7,6 +7,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/quantize_gate.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -173,8 +174,26 @@ static blade_imatrix *load_imatrix(const char *path, const char *model_path, bla
     return imx;
 }
 
+typedef struct gated_write {
+    cli_quantize_gate *gate;
+    const char *in, *out, *scheme, *imatrix_path;
+    const blade_imatrix *imx;
+} gated_write;
+
+/* The quantize_params accept hook: the conversion's summary, then the gate's verdict on it. */
+static int judge_written(void *ctx, const char *written_path, const blade_quantize_report *report, blade_error *err)
+{
+    gated_write *gw = ctx;
+    print_summary(gw->in, gw->out, gw->scheme, report, gw->imatrix_path, gw->imx);
+    fflush(stdout);
+    /* the evaluation does not stop for Ctrl-C, but its verdict then counts for nothing */
+    int verdict = cli_interrupted ? -1 : cli_quantize_gate_judge(gw->gate, written_path, err);
+    return cli_interrupted ? blade_error_set(err, "interrupted") : verdict;
+}
+
 typedef struct quantize_options {
-    const char *in, *out, *imatrix;
+    const char *in, *out, *imatrix, *gate, *eval_text;
+    long long eval_ctx, eval_chunks; /* 0: not given */
     const blade_quant_scheme *scheme;
     cli_list keeps;
     long long threads;
@@ -197,6 +216,16 @@ static const cli_flag quantize_flags[] = {
     {.name = "imatrix", .kind = CLI_PATH, CLI_AT(O, imatrix), .metavar = "FILE",
      .help = "weight each column's rounding error by its importance, from `blade imatrix` run on this model "
              "(refused for another model; matrices it lacks keep the default weighting, with a warning)"},
+    {.name = "gate", .kind = CLI_STRING, CLI_AT(O, gate), .metavar = "EXPR",
+     .help = "write OUT only if the quantized model, evaluated against IN on --eval-text as `blade eval` does, "
+             "meets every condition, e.g. \"kld<=0.02,ppl<=+1.5%,top1>=0.95\" (measures kld, kld_median, kld_p90, "
+             "kld_p99, kld_max, ppl, top1); otherwise exit status 3, the failing conditions on stderr, and no OUT"},
+    {.name = "eval-text", .kind = CLI_PATH, CLI_AT(O, eval_text), .metavar = "FILE",
+     .help = "the text the gate evaluates on (required with --gate)"},
+    {.name = "eval-ctx", .kind = CLI_INT, CLI_AT(O, eval_ctx), .min = 4, .max = 1 << 20, .metavar = "N",
+     .dflt = "512", .help = "the gate's chunk length in tokens"},
+    {.name = "eval-chunks", .kind = CLI_INT, CLI_AT(O, eval_chunks), .min = 1, .max = 1 << 30, .metavar = "N",
+     .dflt = "all", .help = "the gate evaluates at most N chunks"},
     {0},
 };
 #undef O
@@ -234,6 +263,19 @@ static int quantize_main(int argc, char **argv)
     size_t n_keeps = 0;
     blade_imatrix *imx = NULL;
     blade_error err = {{0}};
+    cli_quantize_gate gate = {.expr = o.gate, .text_path = o.eval_text};
+    blade_eval_config_default(&gate.cfg);
+    if (o.eval_ctx)
+        gate.cfg.n_ctx = (int32_t)o.eval_ctx;
+    if (o.eval_chunks)
+        gate.cfg.max_chunks = (int32_t)o.eval_chunks;
+    if (!gate.expr && (o.eval_text || o.eval_ctx || o.eval_chunks))
+        return cli_usage_error(&cli_cmd_quantize, "--eval-text, --eval-ctx and --eval-chunks only apply with --gate");
+    if (gate.expr && blade_gate_parse(gate.expr, &gate.gate, &err))
+        return cli_usage_error(&cli_cmd_quantize, "--gate: %s", err.msg);
+    if (gate.expr && !gate.text_path)
+        return cli_usage_error(&cli_cmd_quantize,
+                               "--gate needs --eval-text FILE, the text to evaluate the quantized model on");
     rc = 2;
     for (int k = 0; k < o.keeps.n; k++, n_keeps++)
         if (blade_quant_keep_parse(o.keeps.items[k], &keeps[n_keeps], &err) != 0) {
@@ -261,6 +303,17 @@ static int quantize_main(int argc, char **argv)
         params.imatrix_chunks = imx->chunks > INT32_MAX ? INT32_MAX : (int32_t)imx->chunks;
         params.imatrix_entries = (int32_t)imx->n_entries;
     }
+    gated_write gw = {.gate = &gate, .in = in, .out = out, .scheme = scheme->name, .imatrix_path = imatrix_path,
+                      .imx = imx};
+    if (gate.expr) {
+        gate.in_path = in;
+        gate.out_path = out;
+        gate.cfg.n_threads = (int)threads;
+        if (cli_quantize_gate_open(&gate))
+            goto done;
+        params.accept = judge_written;
+        params.accept_ctx = &gw;
+    }
     blade_quantize_job *job = blade_quantize_prepare(in, &params, &err);
     if (!job) {
         fprintf(stderr, "error: %s\n", err.msg);
@@ -274,15 +327,22 @@ static int quantize_main(int argc, char **argv)
     cli_interrupts_catch(&signals);
     int wrc = blade_quantize_write(job, out, &err);
     cli_interrupts_restore(&signals);
-    if (wrc != 0) {
+    if (wrc < 0) {
         fprintf(stderr, "error: %s\n", err.msg);
         rc = cli_interrupted ? 130 : 1;
+    } else if (wrc > 0) {
+        fprintf(stderr, "%s not written: the quantized model does not meet the gate\n", out);
+        rc = 3;
     } else {
-        print_summary(in, out, scheme->name, blade_quantize_job_report(job), imatrix_path, imx);
+        if (!gate.expr)
+            print_summary(in, out, scheme->name, blade_quantize_job_report(job), imatrix_path, imx);
+        else
+            printf("wrote %s: it meets the gate %s\n", out, gate.expr);
         rc = 0;
     }
     blade_quantize_job_free(job);
 done:
+    cli_quantize_gate_close(&gate);
     blade_imatrix_free(imx);
     for (size_t k = 0; k < n_keeps; k++)
         blade_quant_keep_free(&keeps[k]);

@@ -3,9 +3,11 @@
 #include "cli/eval_options.h"
 
 #include "cli/cli_util.h"
+#include "cli/eval_report.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #define A cli_eval_args
 const cli_flag cli_eval_flags[] = {
@@ -55,5 +57,23 @@ int cli_eval_read_text(blade_eval_text *t, const blade_model *m, const char *tex
     free(text);
     if (rc)
         fprintf(stderr, "error: %s: %s\n", text_path, err.msg);
+    return rc;
+}
+
+int cli_eval_run_compare(const blade_model *base, const blade_model *cand, const blade_eval_text *text,
+                         const blade_eval_config *cfg, blade_eval_result *r)
+{
+    fprintf(stderr, "%zu tokens, %d chunks of %d; base KV f16, candidate KV %s\n", text->n_tokens, text->n_chunks,
+            text->n_ctx, blade_kv_type_name(cfg->kv_type));
+    blade_eval_config c = *cfg;
+    bool tty = isatty(STDERR_FILENO);
+    if (tty)
+        c.progress = cli_eval_progress;
+    blade_error err = {{0}};
+    int rc = blade_eval_compare(base, cand, text, &c, r, &err);
+    if (tty)
+        cli_eval_progress_done();
+    if (rc)
+        fprintf(stderr, "error: %s\n", err.msg);
     return rc;
 }

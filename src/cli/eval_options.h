@@ -26,5 +26,9 @@ blade_model *cli_eval_load_model(const char *path);
  * stderr with the file's name. */
 int cli_eval_read_text(blade_eval_text *t, const blade_model *m, const char *text_path,
                        const blade_eval_config *cfg);
+/* blade_eval_compare with a progress bar when stderr is a terminal, after a line saying
+ * what is compared; a failure is reported on stderr. */
+int cli_eval_run_compare(const blade_model *base, const blade_model *cand, const blade_eval_text *text,
+                         const blade_eval_config *cfg, blade_eval_result *r);
 
 #endif

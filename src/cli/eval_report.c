@@ -121,3 +121,11 @@ void cli_gate_print(FILE *out, const blade_gate *g, const blade_eval_result *r, 
         fprintf(out, "  %s\n", text);
     }
 }
+
+int cli_gate_report(const blade_gate *g, const blade_eval_result *r)
+{
+    int failed = blade_gate_failures(g, r);
+    fprintf(stderr, "gate %s:\n", failed ? "failed" : "passed");
+    cli_gate_print(stderr, g, r, failed != 0);
+    return failed;
+}

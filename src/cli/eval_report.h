@@ -30,5 +30,8 @@ int cli_eval_print_json(FILE *out, const cli_eval_info *info, const blade_eval_r
                         const blade_gate *gate);
 /* One line per term, or only the failing ones. */
 void cli_gate_print(FILE *out, const blade_gate *g, const blade_eval_result *r, bool only_failing);
+/* The gate's verdict on stderr: "gate passed:" and every term, or "gate failed:" and the
+ * failing ones. Returns the number of failing terms. */
+int cli_gate_report(const blade_gate *g, const blade_eval_result *r);
 
 #endif

@@ -716,6 +716,12 @@ static void sync_directory_of(const char *path)
 
 int gguf_writer_write(gguf_writer *w, const char *path, bool show_progress_line, blade_error *err)
 {
+    return gguf_writer_write_checked(w, path, show_progress_line, NULL, NULL, err);
+}
+
+int gguf_writer_write_checked(gguf_writer *w, const char *path, bool show_progress_line, gguf_check_fn check,
+                              void *check_ctx, blade_error *err)
+{
     if (!w || !path)
         return blade_error_set(err, "gguf writer: no writer or no path given");
     if (w->failed)
@@ -742,6 +748,12 @@ int gguf_writer_write(gguf_writer *w, const char *path, bool show_progress_line,
         return -1;
     }
     bool temporary = t.tmp[0] != '\0';
+    if (check && !temporary) {
+        fclose(fp);
+        free(scratch);
+        return blade_error_set(err, "%s is not a regular file: a file that must pass a check before it replaces "
+                               "anything cannot be written in place", path);
+    }
     char *buf = malloc(WRITE_BUFFER_BYTES);
     if (buf)
         setvbuf(fp, buf, _IOFBF, WRITE_BUFFER_BYTES);
@@ -769,6 +781,14 @@ int gguf_writer_write(gguf_writer *w, const char *path, bool show_progress_line,
     free(scratch);
     if (s.progress)
         fputc('\n', stderr); /* every put already refreshed the line */
+    if (rc == 0 && check) {
+        blade_error check_err = {{0}};
+        int verdict = check(check_ctx, t.tmp, &check_err);
+        if (verdict != 0) {
+            unlink(t.tmp);
+            return verdict > 0 ? verdict : blade_error_set(err, "%s: %s (nothing written)", path, check_err.msg);
+        }
+    }
     if (rc == 0 && temporary && rename(t.tmp, t.final) != 0) {
         s.error = errno;
         rc = -1;

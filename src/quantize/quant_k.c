@@ -321,10 +321,18 @@ static void pack_q5_k(const affine_block *b, block_q5_k *out)
     }
 }
 
-/* Weights of one super-block: the reference's, or importance-derived. */
+/* Weights of one super-block: the reference's, or importance-derived. Q4_K and Q5_K take
+ * the importance alone: the output error a weight's rounding causes is its squared error
+ * times the mean square of the activation it multiplies, which is what the importance is.
+ * The |x| factor the other types keep made the affine fit favour large values the sub-block
+ * scale and min already fit well; on the TinyLlama-shaped model it left the
+ * importance-weighted error of Q4_K 1-7% below the plain search's, where the importance
+ * alone gives 8-15% (Q5_K: +1% to -6%, against -3% to -12%). */
 static void k_weights(const float *x, const float *importance, float sigma2, bool affine, float *w)
 {
-    if (importance)
+    if (importance && affine)
+        memcpy(w, importance, QK_K * sizeof *w);
+    else if (importance)
         quant_importance_weights(x, importance, sigma2, w, QK_K);
     else if (affine)
         quant_k_affine_default_weights(x, w);

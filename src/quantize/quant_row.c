@@ -98,7 +98,9 @@ double blade_quant_weighted_error(uint32_t type, const float *x, const float *y,
     for (int64_t b = 0; b + block <= n; b += block) {
         const float *xb = x + b;
         const float *wb = NULL;
-        if (importance) {
+        if (importance && k_affine) {
+            wb = importance + b;
+        } else if (importance) {
             quant_importance_weights(xb, importance + b, sigma2, w, (int)block);
             wb = w;
         } else if (k_affine) {

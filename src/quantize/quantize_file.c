@@ -44,6 +44,7 @@ struct blade_quantize_job {
     /* the write */
     blade_threadpool *pool;
     double t0, last_shown;
+    bool bar_ended; /* the progress bar's line is finished */
     size_t tensors_done;
     uint64_t bytes_done; /* input bytes of the finished tensors */
 
@@ -396,6 +397,31 @@ static int same_file(const char *a, const char *b)
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
+/* The report's results are known once the file is complete: the accept hook sees them, and
+ * its own time (an evaluation) is not counted as the conversion's. */
+static void finish_report(blade_quantize_job *job, const char *written_path)
+{
+    struct stat st;
+    job->report.seconds = now_s() - job->t0;
+    job->report.file_bytes_out = stat(written_path, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
+static void end_bar(blade_quantize_job *job)
+{
+    if (job->params.progress && !job->bar_ended)
+        fputc('\n', stderr);
+    job->bar_ended = true;
+}
+
+static int check_written(void *ctx, const char *written_path, blade_error *err)
+{
+    blade_quantize_job *job = ctx;
+    end_bar(job);
+    finish_report(job, written_path);
+    int verdict = job->params.accept(job->params.accept_ctx, written_path, &job->report, err);
+    return verdict < 0 ? -1 : verdict;
+}
+
 int blade_quantize_write(blade_quantize_job *job, const char *out_path, blade_error *err)
 {
     if (same_file(job->in_path, out_path))
@@ -437,20 +463,20 @@ int blade_quantize_write(blade_quantize_job *job, const char *out_path, blade_er
     }
     job->report.n_threads = blade_threadpool_size(job->pool);
     job->t0 = job->last_shown = now_s();
+    job->bar_ended = false;
     job->tensors_done = 0;
     job->bytes_done = 0;
     job->cur = NULL;
     show_progress(job, true);
-    int rc = gguf_writer_write(w, out_path, false, err);
-    if (job->params.progress)
-        fputc('\n', stderr);
-    job->report.seconds = now_s() - job->t0;
+    bool gated = job->params.accept != NULL;
+    int rc = gguf_writer_write_checked(w, out_path, false, gated ? check_written : NULL, job, err);
+    end_bar(job);
     blade_threadpool_free(job->pool);
     job->pool = NULL;
     gguf_writer_free(w);
     if (rc != 0)
-        return -1;
-    struct stat st;
-    job->report.file_bytes_out = stat(out_path, &st) == 0 ? (uint64_t)st.st_size : 0;
+        return rc > 0 ? rc : -1;
+    if (!gated)
+        finish_report(job, out_path);
     return 0;
 }
