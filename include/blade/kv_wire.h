@@ -143,6 +143,10 @@ void blade_kv_wire_received_free(blade_kv_wire_received *r);
 int blade_kv_wire_decode(const void *frame, size_t len, const blade_kv_wire_expect *x, const blade_kv_store *store,
                          const int32_t *dst_blocks, int32_t n_dst, blade_kv_wire_received *out, blade_error *err);
 
+/* The largest frame a receiver offering n_blocks free blocks for at most max_tokens tokens
+ * can be sent: the bound to give a transport's receive. */
+size_t blade_kv_wire_max_frame_bytes(const blade_kv_store *store, int32_t max_tokens, int32_t n_blocks);
+
 /* ---- which blocks the receiver already holds ---- */
 
 /* A HAVE query for n hashes, malloc'd into *msg. */

@@ -500,3 +500,16 @@ int blade_kv_wire_have_reply_parse(const void *msg, size_t len, uint64_t transfe
         return blade_error_set(err, "HAVE reply: bits set past its %d hashes", n);
     return 0;
 }
+
+size_t blade_kv_wire_max_frame_bytes(const blade_kv_store *s, int32_t max_tokens, int32_t n_blocks)
+{
+    if (max_tokens <= 0 || max_tokens > BLADE_KV_WIRE_MAX_TOKENS || n_blocks < 0)
+        return 0;
+    int32_t n_total = blocks_for(max_tokens, s->block_size);
+    uint64_t n_sent = (uint64_t)(n_blocks < n_total ? n_blocks : n_total), payload;
+    if (!mul_ok((uint64_t)s->n_layer * 2 * n_sent, s->block_stride, &payload) || payload > SIZE_MAX / 2)
+        return 0;
+    return BLADE_KV_WIRE_HEADER_BYTES +
+           tables_bytes((uint64_t)max_tokens, (uint64_t)(max_tokens / s->block_size), n_sent) + payload +
+           BLADE_CLUSTER_MAC_BYTES;
+}
