@@ -19,7 +19,8 @@ static void bench_usage(FILE *out)
             "       blade bench engine -m MODEL --workload W   (see blade bench engine --help)\n"
             "       blade bench serve --url URL --workload W   measure an OpenAI-compatible endpoint\n"
             "       blade bench ablation -m MODEL --workload W what each serving technique buys\n"
-            "       blade bench compare BASE.json NEW.json     fail on a performance regression\n\n"
+            "       blade bench compare BASE.json NEW.json     fail on a performance regression\n"
+            "       blade bench kv-transfer                    KV cache transfer between two workers (UCX)\n\n"
             "Measures the model runner on this machine:\n"
             "  ppP    prompt processing: one P-token prefill in a single batch, tokens/s\n"
             "  tgN    single-sequence generation of N tokens from an empty context, tokens/s, and the\n"
@@ -201,6 +202,8 @@ int cmd_bench(int argc, char **argv)
         return cmd_bench_ablation(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "compare"))
         return cmd_bench_compare(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "kv-transfer"))
+        return cmd_bench_kv_transfer(argc - 1, argv + 1);
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},       {"n-prompt", required_argument, 0, 'p'},
         {"n-gen", required_argument, 0, 'n'},       {"batches", required_argument, 0, 'b'},

@@ -420,7 +420,10 @@ static int handshake_connector(blade_kv_conn *c, blade_error *err)
      * instead of a vanished peer. */
     if (check_hello_prefix(c, hello, err)) {
         memset(answer + 8, 0, sizeof answer - 8);
-        send_bytes(c, answer, sizeof answer, deadline, NULL);
+        /* Then wait (briefly) for the listener to drop us, so the answer is read before
+         * the connection goes. */
+        if (send_bytes(c, answer, sizeof answer, deadline, NULL) == 0)
+            recv_exact(c, theirs, sizeof theirs, now_ms() + 1000, NULL);
         return -1;
     }
     if (blade_cluster_nonce(answer + 8))
