@@ -334,18 +334,28 @@ static int parse_kv(const json_t *kv, blade_etcd_kv *out)
     return 0;
 }
 
-static int range(blade_etcd *e, const char *key, bool prefix, blade_etcd_list *out, blade_error *err)
+/* A request naming one key, or every key under it as a prefix. */
+static json_t *key_request(blade_etcd *e, const char *path, const char *key, bool prefix, blade_error *err)
 {
-    memset(out, 0, sizeof *out);
     if (check_key(key, err))
-        return -1;
+        return NULL;
     char *k = b64_encode(key, strlen(key)), *end = prefix ? prefix_end_b64(key) : NULL;
-    json_t *req = json_pack("{s:s?}", "key", k);
+    json_t *req = k && (end || !prefix) ? json_pack("{s:s}", "key", k) : NULL;
     if (req && end)
         json_object_set_new(req, "range_end", json_string(end));
     free(k);
     free(end);
-    json_t *resp = req ? request(e, "/v3/kv/range", req, err) : NULL;
+    if (!req) {
+        blade_error_set(err, "etcd %s: out of memory", path);
+        return NULL;
+    }
+    return request(e, path, req, err);
+}
+
+static int range(blade_etcd *e, const char *key, bool prefix, blade_etcd_list *out, blade_error *err)
+{
+    memset(out, 0, sizeof *out);
+    json_t *resp = key_request(e, "/v3/kv/range", key, prefix, err);
     if (!resp)
         return -1;
     out->revision = get_i64(json_object_get(resp, "header"), "revision");
@@ -377,15 +387,7 @@ int blade_etcd_list_prefix(blade_etcd *e, const char *prefix, blade_etcd_list *o
 
 int blade_etcd_delete(blade_etcd *e, const char *key, bool prefix, int64_t *deleted, blade_error *err)
 {
-    if (check_key(key, err))
-        return -1;
-    char *k = b64_encode(key, strlen(key)), *end = prefix ? prefix_end_b64(key) : NULL;
-    json_t *req = json_pack("{s:s?}", "key", k);
-    if (req && end)
-        json_object_set_new(req, "range_end", json_string(end));
-    free(k);
-    free(end);
-    json_t *resp = req ? request(e, "/v3/kv/deleterange", req, err) : NULL;
+    json_t *resp = key_request(e, "/v3/kv/deleterange", key, prefix, err);
     if (!resp)
         return -1;
     if (deleted)

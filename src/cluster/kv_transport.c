@@ -590,6 +590,24 @@ static ucp_ep_params_t ep_params(blade_kv_conn *c)
                              .err_handler = {.cb = on_ep_error, .arg = c}};
 }
 
+/* Creates the endpoint and authenticates the peer; the connection, or NULL (c freed). */
+static blade_kv_conn *open_conn(blade_kv_conn *c, const ucp_ep_params_t *p, bool listener, blade_error *err)
+{
+    ucs_status_t st = ucp_ep_create(c->t->worker, p, &c->ep);
+    if (st != UCS_OK) {
+        blade_error_set(err, "KV transport: %s %s: %s", listener ? "accepting" : "connecting to", c->peer,
+                        ucs_status_string(st));
+        free(c);
+        return NULL;
+    }
+    if (listener ? handshake_listener(c, err) : handshake_connector(c, err)) {
+        fail_conn(c, UCS_ERR_REJECTED);
+        blade_kv_conn_close(c);
+        return NULL;
+    }
+    return c;
+}
+
 blade_kv_conn *blade_kv_transport_accept(blade_kv_transport *t, int timeout_ms, blade_error *err)
 {
     if (!t->listener) {
@@ -618,18 +636,7 @@ blade_kv_conn *blade_kv_transport_accept(blade_kv_transport *t, int timeout_ms, 
     ucp_ep_params_t p = ep_params(c);
     p.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
     p.conn_request = req;
-    ucs_status_t st = ucp_ep_create(t->worker, &p, &c->ep);
-    if (st != UCS_OK) {
-        blade_error_set(err, "KV transport: accepting %s: %s", c->peer, ucs_status_string(st));
-        free(c);
-        return NULL;
-    }
-    if (handshake_listener(c, err)) {
-        fail_conn(c, UCS_ERR_REJECTED);
-        blade_kv_conn_close(c);
-        return NULL;
-    }
-    return c;
+    return open_conn(c, &p, true, err);
 }
 
 blade_kv_conn *blade_kv_transport_connect(blade_kv_transport *t, const char *host, uint16_t port, blade_error *err)
@@ -650,16 +657,5 @@ blade_kv_conn *blade_kv_transport_connect(blade_kv_transport *t, const char *hos
     p.field_mask |= UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
     p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
     p.sockaddr = (ucs_sock_addr_t){.addr = (const struct sockaddr *)&sa, .addrlen = sl};
-    ucs_status_t st = ucp_ep_create(t->worker, &p, &c->ep);
-    if (st != UCS_OK) {
-        blade_error_set(err, "KV transport: connecting to %s: %s", c->peer, ucs_status_string(st));
-        free(c);
-        return NULL;
-    }
-    if (handshake_connector(c, err)) {
-        fail_conn(c, UCS_ERR_REJECTED);
-        blade_kv_conn_close(c);
-        return NULL;
-    }
-    return c;
+    return open_conn(c, &p, false, err);
 }
