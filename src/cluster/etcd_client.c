@@ -39,6 +39,20 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* The wall-clock time ms from now, as pthread_cond_timedwait wants it. */
+static struct timespec realtime_in(int64_t ms)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += ms / 1000;
+    t.tv_nsec += (ms % 1000) * 1000000;
+    if (t.tv_nsec >= 1000000000) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000;
+    }
+    return t;
+}
+
 blade_etcd *blade_etcd_new(const blade_etcd_config *cfg, blade_error *err)
 {
     pthread_once(&curl_once, init_curl);
@@ -494,14 +508,7 @@ static void *keep_alive(void *arg)
         /* A third of the TTL leaves two more tries before the lease lapses; after a failure
          * retry every second. */
         int64_t wait_ms = r->ok ? (int64_t)r->ttl_s * 1000 / 3 : 1000;
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += wait_ms / 1000;
-        until.tv_nsec += (wait_ms % 1000) * 1000000;
-        if (until.tv_nsec >= 1000000000) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000;
-        }
+        struct timespec until = realtime_in(wait_ms);
         while (!r->stop && pthread_cond_timedwait(&r->cv, &r->mu, &until) != ETIMEDOUT)
             ;
         if (r->stop)
@@ -652,14 +659,7 @@ static bool stopping(blade_etcd_watch *w)
 /* Sleeps up to ms unless stopped; true when stopped. */
 static bool nap(blade_etcd_watch *w, int64_t ms)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += ms / 1000;
-    until.tv_nsec += (ms % 1000) * 1000000;
-    if (until.tv_nsec >= 1000000000) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000;
-    }
+    struct timespec until = realtime_in(ms);
     pthread_mutex_lock(&w->mu);
     while (!w->stop && pthread_cond_timedwait(&w->cv, &w->mu, &until) != ETIMEDOUT)
         ;
