@@ -4,6 +4,7 @@
 #include "blade/kernels.h"
 #include "blade/kv_store.h"
 #include "blade/types.h"
+#include "kernels/kv_type_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -164,19 +165,6 @@ static void run(const scene *s, int32_t pos0, int32_t n_q, float *out)
     run_range(s, pos0, n_q, 0, s->sh.n_head_kv, out);
 }
 
-static float stored(const scene *s, const uint8_t *base, size_t i)
-{
-    switch (s->sh.type) {
-    case BLADE_KV_F16:
-        return blade_fp16_to_fp32(((const uint16_t *)base)[i]);
-    case BLADE_KV_BF16:
-        return blade_bf16_to_fp32(((const uint16_t *)base)[i]);
-    case BLADE_KV_F32:
-        break;
-    }
-    return ((const float *)base)[i];
-}
-
 /* The definition, in double: scores of every visible key, softmax, weighted sum, on the
  * K/V values as the store holds them. */
 static void reference(const scene *s, int32_t pos, int32_t h, double *out)
@@ -184,12 +172,13 @@ static void reference(const scene *s, int32_t pos, int32_t h, double *out)
     int32_t hd = s->sh.head_dim, bs = s->sh.block_size, kvh = h / s->sh.group;
     const float *q = s->q + (size_t)pos * row_floats(s) + (size_t)h * (size_t)hd;
     double *w = malloc((size_t)(pos + 1) * sizeof *w);
+    float *k = malloc(2 * (size_t)hd * sizeof *k), *v = k + hd;
     double mx = -INFINITY, scale = 1.0 / sqrt((double)hd);
     for (int32_t j = 0; j <= pos; j++) {
-        const uint8_t *k = blade_kv_store_k(s->kv, LAYER, s->table[j / bs], kvh);
+        blade_kv_store_read_head(s->kv, LAYER, s->table[j / bs], j % bs, kvh, k, v);
         double dot = 0;
         for (int32_t d = 0; d < hd; d++)
-            dot += (double)q[d] * stored(s, k, (size_t)(j % bs) * (size_t)hd + (size_t)d);
+            dot += (double)q[d] * k[d];
         w[j] = dot * scale;
         mx = w[j] > mx ? w[j] : mx;
     }
@@ -199,10 +188,11 @@ static void reference(const scene *s, int32_t pos, int32_t h, double *out)
     for (int32_t d = 0; d < hd; d++)
         out[d] = 0;
     for (int32_t j = 0; j <= pos; j++) {
-        const uint8_t *v = blade_kv_store_v(s->kv, LAYER, s->table[j / bs], kvh);
+        blade_kv_store_read_head(s->kv, LAYER, s->table[j / bs], j % bs, kvh, k, v);
         for (int32_t d = 0; d < hd; d++)
-            out[d] += w[j] / sum * stored(s, v, (size_t)(j % bs) * (size_t)hd + (size_t)d);
+            out[d] += w[j] / sum * v[d];
     }
+    free(k);
     free(w);
 }
 
@@ -239,15 +229,21 @@ static isa_list supported_isas(const char *what)
 static void test_kv_types(void **state)
 {
     (void)state;
-    const blade_kv_type types[] = {BLADE_KV_F16, BLADE_KV_F32, BLADE_KV_BF16};
-    const size_t sizes[] = {2, 4, 2};
-    for (int i = 0; i < 3; i++) {
+    const blade_kv_type types[] = {BLADE_KV_F16, BLADE_KV_F32, BLADE_KV_BF16, BLADE_KV_Q8_0, BLADE_KV_FP8};
+    const size_t sizes[] = {2, 4, 2, 1, 1}, scales[] = {0, 0, 0, 2, 2};
+    assert_int_equal(sizeof types / sizeof types[0], BLADE_KV_TYPE_COUNT);
+    for (int i = 0; i < BLADE_KV_TYPE_COUNT; i++) {
         assert_int_equal(blade_kv_type_from_name(blade_kv_type_name(types[i])), types[i]);
         assert_int_equal(blade_kv_type_size(types[i]), sizes[i]);
+        assert_int_equal(blade_kv_type_scale_bytes(types[i]), scales[i]);
+        assert_non_null(strstr(blade_kv_type_names(), blade_kv_type_name(types[i])));
     }
     assert_string_equal(blade_kv_type_name(BLADE_KV_F16), "f16");
+    assert_string_equal(blade_kv_type_name((blade_kv_type)BLADE_KV_TYPE_COUNT), "unknown");
     assert_int_equal(blade_kv_type_from_name("BF16"), BLADE_KV_BF16);
-    assert_int_equal(blade_kv_type_from_name("q8_0"), -1);
+    assert_int_equal(blade_kv_type_from_name("Q8_0"), BLADE_KV_Q8_0);
+    assert_int_equal(blade_kv_type_from_name("fp8"), BLADE_KV_FP8);
+    assert_int_equal(blade_kv_type_from_name("q4_0"), -1);
 
     blade_kv_store_config cfg = {
         .n_layer = 32, .n_head_kv = 8, .head_dim = 128, .type = BLADE_KV_F16, .block_size = 16};
@@ -255,10 +251,31 @@ static void test_kv_types(void **state)
     assert_int_equal(blade_kv_store_block_bytes(&cfg), 2097152);
     cfg.type = BLADE_KV_F32;
     assert_int_equal(blade_kv_store_block_bytes(&cfg), 4194304);
+    /* 2 x 32 layers x (8 heads x 16 tokens x (128 dims + a 2-byte scale)): 1.97x fewer bytes
+     * than f16, and whole cache lines (16384 + 256). */
+    cfg.type = BLADE_KV_Q8_0;
+    assert_int_equal(blade_kv_store_block_bytes(&cfg), 1064960);
+    cfg.type = BLADE_KV_FP8;
+    assert_int_equal(blade_kv_store_block_bytes(&cfg), 1064960);
+    /* TinyLlama's shape (22 layers, 4 KV heads, head_dim 64): 1.94x the tokens of f16. */
+    cfg = (blade_kv_store_config){.n_layer = 22, .n_head_kv = 4, .head_dim = 64, .type = BLADE_KV_F16, .block_size = 16};
+    size_t f16 = blade_kv_store_block_bytes(&cfg);
+    cfg.type = BLADE_KV_Q8_0;
+    size_t q8 = blade_kv_store_block_bytes(&cfg);
+    assert_int_equal(q8, 2 * 22 * (4 * 16 * 64 + 4 * 16 * 2));
+    assert_true((double)f16 / (double)q8 >= 1.9);
+    /* Elements and scales each start a cache line: 5 x 3 one-byte elements, then 3 scales. */
+    cfg = (blade_kv_store_config){.n_layer = 1, .n_head_kv = 1, .head_dim = 5, .type = BLADE_KV_FP8, .block_size = 3};
+    assert_int_equal(blade_kv_store_block_bytes(&cfg), 2 * 128);
     cfg.block_size = 0;
     assert_int_equal(blade_kv_store_block_bytes(&cfg), 0);
     cfg = (blade_kv_store_config){.n_layer = INT32_MAX, .n_head_kv = INT32_MAX, .head_dim = INT32_MAX,
                                   .type = BLADE_KV_F32, .block_size = INT32_MAX};
+    assert_int_equal(blade_kv_store_block_bytes(&cfg), 0);
+    cfg.type = BLADE_KV_Q8_0;
+    assert_int_equal(blade_kv_store_block_bytes(&cfg), 0);
+    cfg = (blade_kv_store_config){.n_layer = 1, .n_head_kv = 1 << 30, .head_dim = 1 << 30,
+                                  .type = BLADE_KV_Q8_0, .block_size = 1 << 30};
     assert_int_equal(blade_kv_store_block_bytes(&cfg), 0);
 }
 
@@ -331,6 +348,215 @@ static void test_kv_write_layout(void **state)
         assert_ptr_equal(blade_kv_store_k(s, 2, 5, 1) + s->head_stride, s->k + 3 * 6 * s->block_stride);
         blade_kv_store_free(s);
     }
+}
+
+/* The reference rounding of one row of an 8-bit type, from kv_type.h's definition: the
+ * bfloat16 scale max|x| / top, each value rounded to the nearest code (rintf: ties to even)
+ * against it. Codes into out, scale returned. */
+static uint16_t expected_row(blade_kv_type t, const float *x, int n, uint8_t *out)
+{
+    float top = t == BLADE_KV_Q8_0 ? 127.0f : 448.0f, amax = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(x[i]))
+            amax = fmaxf(amax, fabsf(x[i]));
+    uint16_t scale = blade_fp32_to_bf16(amax / top);
+    float d = blade_bf16_to_fp32(scale);
+    for (int i = 0; i < n; i++) {
+        float v = d > 0 ? x[i] / d : x[i];
+        out[i] = t == BLADE_KV_Q8_0 ? (uint8_t)(int8_t)rintf(fmaxf(-127.0f, fminf(127.0f, v)))
+                                    : blade_fp32_to_e4m3(v);
+    }
+    return scale;
+}
+
+/* A row read back is within the type's rounding of what was written: q8_0 half a step of
+ * max|x| / 127 (and a little for the scale's rounding), fp8 2^-4 relative (or half its
+ * smallest step). */
+static void assert_row_close(blade_kv_type type, const float *x, const float *back, int n)
+{
+    float amax = 0;
+    for (int i = 0; i < n; i++)
+        amax = fmaxf(amax, fabsf(x[i]));
+    for (int d = 0; d < n; d++) {
+        float bound = type == BLADE_KV_Q8_0 ? amax / 127 * 0.5f * 1.01f
+                                            : fmaxf(fabsf(x[d]) * 0x1p-4f, amax / 448 * 0x1p-10f);
+        if (!(fabsf(back[d] - x[d]) <= bound))
+            fail_msg("%s: element %d: wrote %g, read %g", blade_kv_type_name(type), d, (double)x[d], (double)back[d]);
+    }
+}
+
+/* q8_0 and fp8 rows: codes and scale as kv_type.h defines them, at the documented place;
+ * reading back gives code x scale; a row's bytes never depend on its neighbours; zero,
+ * NaN, infinite and tiny rows. */
+static void test_kv_write_scaled(void **state)
+{
+    (void)state;
+    enum { HD = 24 };
+    const blade_kv_type types[] = {BLADE_KV_Q8_0, BLADE_KV_FP8};
+    for (int t = 0; t < 2; t++) {
+        blade_kv_type type = types[t];
+        blade_error err;
+        blade_kv_store_config cfg = {
+            .n_layer = 3, .n_head_kv = 2, .head_dim = HD, .type = type, .block_size = 4, .n_blocks = 6};
+        blade_kv_store *s = blade_kv_store_new(&cfg, &err);
+        assert_non_null(s);
+        assert_int_equal(s->head_stride, 4 * HD);
+        assert_int_equal(s->scales_at, 2 * 4 * HD);
+        assert_int_equal(s->head_scales, 4 * 2);
+        assert_int_equal(s->block_stride, 256);
+        assert_ptr_equal((uint8_t *)blade_kv_store_k_scale(s, 2, 5, 1), s->k + (2 * 6 + 5) * 256 + 192 + 8);
+        assert_ptr_equal((uint8_t *)blade_kv_store_v_scale(s, 0, 1, 0), s->v + 256 + 192);
+
+        float k[2 * HD], v[2 * HD], kr[HD], vr[HD];
+        uint64_t st = 5;
+        for (int i = 0; i < 2 * HD; i++) {
+            k[i] = 3.0f * uniform(&st) * (i % 7 == 0 ? 10.0f : 1.0f);
+            v[i] = uniform(&st) * 0.01f;
+        }
+        blade_kv_store_write(s, 2, 5, 3, k, v);
+        uint8_t before_k[2][HD], before_v[2][HD];
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *kp = blade_kv_store_k(s, 2, 5, h) + 3 * HD, *vp = blade_kv_store_v(s, 2, 5, h) + 3 * HD;
+            uint8_t want[HD];
+            uint16_t ks = expected_row(type, k + h * HD, HD, want);
+            assert_memory_equal(kp, want, HD);
+            assert_int_equal(blade_kv_store_k_scale(s, 2, 5, h)[3], ks);
+            uint16_t vs = expected_row(type, v + h * HD, HD, want);
+            assert_memory_equal(vp, want, HD);
+            assert_int_equal(blade_kv_store_v_scale(s, 2, 5, h)[3], vs);
+            memcpy(before_k[h], kp, HD);
+            memcpy(before_v[h], vp, HD);
+            /* read back: code x scale, close to what was written */
+            blade_kv_store_read_head(s, 2, 5, 3, h, kr, vr);
+            for (int d = 0; d < HD; d++) {
+                float code = type == BLADE_KV_Q8_0 ? (float)(int8_t)kp[d] : blade_e4m3_to_fp32(kp[d]);
+                assert_true(kr[d] == code * blade_bf16_to_fp32(ks));
+            }
+            assert_row_close(type, k + h * HD, kr, HD);
+            assert_row_close(type, v + h * HD, vr, HD);
+        }
+        /* neighbours with far larger and far smaller values leave the row's bytes alone */
+        float big[2 * HD], small[2 * HD];
+        for (int i = 0; i < 2 * HD; i++) {
+            big[i] = 1e4f * uniform(&st);
+            small[i] = 1e-6f * uniform(&st);
+        }
+        blade_kv_store_write(s, 2, 5, 2, big, small);
+        blade_kv_store_write(s, 2, 5, 0, small, big);
+        for (int h = 0; h < 2; h++) {
+            assert_memory_equal(blade_kv_store_k(s, 2, 5, h) + 3 * HD, before_k[h], HD);
+            assert_memory_equal(blade_kv_store_v(s, 2, 5, h) + 3 * HD, before_v[h], HD);
+        }
+
+        /* an all-zero head: scale 0, codes 0, zeros back */
+        float zero[2 * HD] = {0};
+        blade_kv_store_write(s, 1, 0, 0, zero, zero);
+        blade_kv_store_read_head(s, 1, 0, 0, 1, kr, vr);
+        assert_int_equal(blade_kv_store_k_scale(s, 1, 0, 1)[0], 0);
+        for (int d = 0; d < HD; d++)
+            assert_true(kr[d] == 0.0f && vr[d] == 0.0f);
+
+        /* exact rows: multiples of a power of two up to 127 or 448 of it come back exactly */
+        float exact[2 * HD];
+        for (int i = 0; i < 2 * HD; i++)
+            exact[i] = type == BLADE_KV_Q8_0 ? (float)((i * 37) % 255 - 127) * 0.25f
+                                             : blade_e4m3_to_fp32((uint8_t)((i * 37) % 0x7f)) * 0.25f;
+        exact[5] = type == BLADE_KV_Q8_0 ? 127 * 0.25f : 448 * 0.25f;
+        blade_kv_store_write(s, 0, 2, 1, exact, exact);
+        blade_kv_store_read_head(s, 0, 2, 1, 0, kr, vr);
+        assert_int_equal(blade_kv_store_k_scale(s, 0, 2, 0)[1], blade_fp32_to_bf16(0.25f));
+        assert_memory_equal(kr, exact, sizeof kr);
+
+        /* tiny rows keep their precision: the bfloat16 scale has the range of a float */
+        float tiny[2 * HD];
+        for (int i = 0; i < 2 * HD; i++)
+            tiny[i] = 1e-30f * (1.0f + uniform(&st));
+        blade_kv_store_write(s, 0, 3, 0, tiny, tiny);
+        blade_kv_store_read_head(s, 0, 3, 0, 0, kr, vr);
+        assert_row_close(type, tiny, kr, HD);
+
+        /* NaN: an fp8 element stays NaN alone, a q8_0 row turns NaN whole; infinities
+         * saturate to the largest value the row's finite values give it */
+        float odd[2 * HD];
+        for (int i = 0; i < 2 * HD; i++)
+            odd[i] = (float)(i % 5) - 2.0f;
+        odd[3] = NAN;
+        odd[HD + 4] = INFINITY;
+        odd[HD + 6] = -INFINITY;
+        blade_kv_store_write(s, 0, 4, 2, odd, odd);
+        blade_kv_store_read_head(s, 0, 4, 2, 0, kr, vr);
+        for (int d = 0; d < HD; d++)
+            assert_true(type == BLADE_KV_Q8_0 || d == 3 ? isnan(kr[d]) : fabsf(kr[d] - odd[d]) <= 2 * 0x1p-4f);
+        blade_kv_store_read_head(s, 0, 4, 2, 1, kr, vr);
+        assert_true(fabsf(kr[4] - 2.0f) < 0.01f && fabsf(kr[6] + 2.0f) < 0.01f);
+        assert_true(kr[4] == -kr[6] && kr[0] == kr[4]);
+        blade_kv_store_free(s);
+    }
+}
+
+/* Same bits, or both NaN: a NaN code under a NaN scale may come out with either one's
+ * payload, as the compiler orders a multiplication's operands. */
+static bool same_floats(const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(a + i, b + i, sizeof *a) != 0 && !(isnan(a[i]) && isnan(b[i])))
+            return false;
+    return true;
+}
+
+/* Every ISA's tile conversion of every type gives the scalar one's floats, bit for bit:
+ * random bytes (every code, NaN codes included) under random scales (zero, subnormal,
+ * huge and NaN among them), for keys and values. */
+static void test_tile_conversions_identical(void **state)
+{
+    (void)state;
+    isa_list isas = supported_isas("KV tile conversions against the scalar ones");
+    enum { BS = 32, HD = 64, BP = 32 };
+    uint64_t st = 11;
+    uint8_t *src = malloc(BS * HD * 4);
+    uint16_t scales[BS];
+    float *want = malloc(BS * HD * sizeof(float)), *want_v = malloc(BS * HD * sizeof(float));
+    float *got = malloc(BS * HD * sizeof(float));
+    for (int t = 0; t < BLADE_KV_TYPE_COUNT; t++) {
+        const kv_type_traits *tt = kv_type_traits_of((blade_kv_type)t);
+        for (int round = 0; round < 20; round++) {
+            for (size_t i = 0; i < BS * HD * tt->elem_bytes; i++)
+                src[i] = (uint8_t)splitmix(&st);
+            if (t == BLADE_KV_F16 || t == BLADE_KV_BF16)
+                for (size_t i = 0; i < BS * HD; i++)
+                    if ((((uint16_t *)src)[i] & 0x7c00) == 0x7c00 || (((uint16_t *)src)[i] & 0x7f80) == 0x7f80)
+                        ((uint16_t *)src)[i] &= 0xbfff; /* leave NaN payloads out of the unscaled types */
+            if (t == BLADE_KV_F32)
+                for (size_t i = 0; i < BS * HD; i++)
+                    ((uint32_t *)src)[i] &= 0xbfffffffu;
+            for (int j = 0; j < BS; j++) {
+                float sc = ldexpf(uniform(&st), (int)(splitmix(&st) % 200) - 140);
+                scales[j] = j == 0 ? 0 : j == 1 ? 0x7fc0 : j == 2 ? 0x0001 : j == 3 ? 0x7f7f : blade_fp32_to_bf16(sc);
+            }
+            const uint16_t *sp = tt->scale_bytes ? scales : NULL;
+            for (int k = 0; k < isas.n; k++) {
+                const attn_tile_conv *conv = tt->tile[isas.isa[k]];
+                memset(got, 0xa5, BS * HD * sizeof(float));
+                conv->load_kt(src, sp, got, BS, HD, BP);
+                if (k == 0)
+                    memcpy(want, got, BS * HD * sizeof(float));
+                else if (!same_floats(want, got, BS * HD))
+                    fail_msg("%s keys: %s differs from scalar", tt->name, blade_isa_name(isas.isa[k]));
+                if (!conv->load_v)
+                    continue;
+                memset(got, 0xa5, BS * HD * sizeof(float));
+                conv->load_v(src, sp, got, BS - 3, HD);
+                if (k == 0)
+                    memcpy(want_v, got, BS * HD * sizeof(float));
+                else if (!same_floats(want_v, got, (BS - 3) * HD))
+                    fail_msg("%s values: %s differs from scalar", tt->name, blade_isa_name(isas.isa[k]));
+            }
+        }
+    }
+    free(src);
+    free(want);
+    free(want_v);
+    free(got);
 }
 
 /* ---- accuracy ---- */
@@ -433,15 +659,17 @@ static void test_reference_f32(void **state)
             }
 }
 
-static void test_reference_f16_bf16(void **state)
+/* Every narrower type against the definition computed on the values it stores. */
+static void test_reference_narrow_types(void **state)
 {
     (void)state;
+    const blade_kv_type types[] = {BLADE_KV_F16, BLADE_KV_BF16, BLADE_KV_Q8_0, BLADE_KV_FP8};
     const int32_t ctxs[] = {17, 1000, 8192};
-    for (int t = 0; t < 2; t++)
+    for (int t = 0; t < 4; t++)
         for (int c = 0; c < 3; c++) {
             chunk ch[3];
             int n = chunks_for(ctxs[c], ch);
-            shape sh = {t == 0 ? BLADE_KV_F16 : BLADE_KV_BF16, 2, 4, c == 1 ? 64 : 128, 16};
+            shape sh = {types[t], 2, 4, c == 1 ? 64 : 128, 16};
             check_accuracy(sh, ctxs[c], ch, n, 1e-5, 3e-6);
         }
 }
@@ -457,7 +685,7 @@ static void test_reference_odd_shapes(void **state)
         for (int b = 0; b < 5; b++) {
             chunk ch[3];
             int n = chunks_for(100, ch);
-            shape sh = {BLADE_KV_F16, 1, 2, hds[h], bss[b]};
+            shape sh = {(h + b) % 2 ? BLADE_KV_Q8_0 : BLADE_KV_F16, 1, 2, hds[h], bss[b]};
             check_accuracy(sh, 100, ch, n, 1e-5, 3e-6);
         }
 }
@@ -530,6 +758,9 @@ static void test_batch_invariance(void **state)
         {BLADE_KV_BF16, 2, 8, 128, 32},
         {BLADE_KV_F32, 3, 1, 80, 16},
         {BLADE_KV_F16, 2, 2, 24, 5}, /* generic loads, narrower paths */
+        {BLADE_KV_Q8_0, 2, 4, 64, 16},
+        {BLADE_KV_FP8, 2, 8, 128, 32},
+        {BLADE_KV_FP8, 2, 2, 24, 5},
     };
     isa_list isas = supported_isas("attention batch invariance");
     blade_isa saved = blade_isa_active();
@@ -547,8 +778,10 @@ int main(void)
         cmocka_unit_test(test_kv_types),
         cmocka_unit_test(test_kv_store_errors),
         cmocka_unit_test(test_kv_write_layout),
+        cmocka_unit_test(test_kv_write_scaled),
+        cmocka_unit_test(test_tile_conversions_identical),
         cmocka_unit_test(test_reference_f32),
-        cmocka_unit_test(test_reference_f16_bf16),
+        cmocka_unit_test(test_reference_narrow_types),
         cmocka_unit_test(test_reference_odd_shapes),
         cmocka_unit_test(test_batch_invariance),
     };

@@ -91,12 +91,13 @@ static char *small_model(void)
     return path;
 }
 
-static blade_engine *engine_in_mode(const blade_model *m, size_t kv_blocks, int32_t budget, int32_t max_seqs,
-                                    blade_sched_mode mode)
+static blade_engine *engine_of_type(const blade_model *m, size_t kv_blocks, int32_t budget, int32_t max_seqs,
+                                    blade_sched_mode mode, blade_kv_type kv_type)
 {
     blade_engine_config cfg;
     blade_engine_config_default(&cfg);
     cfg.sched.mode = mode;
+    cfg.kv_type = kv_type;
     cfg.n_threads = 2;
     blade_kv_store_config store_cfg = blade_model_kv_config(&m->hp, cfg.kv_type, cfg.block_size, 0);
     cfg.kv_mem_bytes = kv_blocks * blade_kv_store_block_bytes(&store_cfg);
@@ -108,6 +109,12 @@ static blade_engine *engine_in_mode(const blade_model *m, size_t kv_blocks, int3
     if (!e)
         fail_msg("%s", err.msg);
     return e;
+}
+
+static blade_engine *engine_in_mode(const blade_model *m, size_t kv_blocks, int32_t budget, int32_t max_seqs,
+                                    blade_sched_mode mode)
+{
+    return engine_of_type(m, kv_blocks, budget, max_seqs, mode, BLADE_KV_F16);
 }
 
 static blade_engine *engine_with(const blade_model *m, size_t kv_blocks, int32_t budget, int32_t max_seqs)
@@ -188,10 +195,9 @@ static void assert_clean(blade_engine *e, const char *what)
 /* 32 requests with random prompt lengths, shared and unshared prefixes, greedy and seeded
  * sampling, arriving at random moments into engines with small token budgets and KV pools
  * small enough to force preemption: every request's tokens and logits are bit-identical
- * to the same request run alone. */
-static void test_invariance_under_load(void **state)
+ * to the same request run alone, with each KV type. */
+static void check_invariance_under_load(blade_kv_type kv_type)
 {
-    (void)state;
     char *path = small_model();
     blade_error err = {{0}};
     blade_model *m = blade_model_load(path, &err);
@@ -201,7 +207,7 @@ static void test_invariance_under_load(void **state)
     make_specs(specs, N_REQ);
 
     result *alone = malloc(N_REQ * sizeof *alone);
-    blade_engine *solo = engine_with(m, 512, 512, 8);
+    blade_engine *solo = engine_of_type(m, 512, 512, 8, BLADE_SCHED_CONTINUOUS, kv_type);
     for (int i = 0; i < N_REQ; i++) {
         result_init(&alone[i], nv);
         submit(solo, &specs[i], &alone[i], true);
@@ -221,8 +227,8 @@ static void test_invariance_under_load(void **state)
                    {64, 33, 32, BLADE_SCHED_CONTINUOUS},
                    {40, 64, 8, BLADE_SCHED_STATIC}};
     for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
-        blade_engine *e =
-            engine_in_mode(m, configs[c].blocks, configs[c].budget, configs[c].max_seqs, configs[c].mode);
+        blade_engine *e = engine_of_type(m, configs[c].blocks, configs[c].budget, configs[c].max_seqs,
+                                         configs[c].mode, kv_type);
         result *got = malloc(N_REQ * sizeof *got);
         for (int i = 0; i < N_REQ; i++) {
             result_init(&got[i], nv);
@@ -234,8 +240,8 @@ static void test_invariance_under_load(void **state)
         }
         blade_engine_wait_idle(e);
         char what[64];
-        snprintf(what, sizeof what, "%zu blocks, budget %d%s", configs[c].blocks, configs[c].budget,
-                 configs[c].mode == BLADE_SCHED_STATIC ? ", static" : "");
+        snprintf(what, sizeof what, "%s KV, %zu blocks, budget %d%s", blade_kv_type_name(kv_type), configs[c].blocks,
+                 configs[c].budget, configs[c].mode == BLADE_SCHED_STATIC ? ", static" : "");
         for (int i = 0; i < N_REQ; i++) {
             assert_true(got[i].done);
             assert_same(&alone[i], &got[i], i, what);
@@ -259,6 +265,24 @@ static void test_invariance_under_load(void **state)
     free(specs);
     blade_model_free(m);
     free(path);
+}
+
+static void test_invariance_under_load(void **state)
+{
+    (void)state;
+    check_invariance_under_load(BLADE_KV_F16);
+}
+
+static void test_invariance_under_load_q8_0(void **state)
+{
+    (void)state;
+    check_invariance_under_load(BLADE_KV_Q8_0);
+}
+
+static void test_invariance_under_load_fp8(void **state)
+{
+    (void)state;
+    check_invariance_under_load(BLADE_KV_FP8);
 }
 
 static uint64_t computed(blade_engine *e)
@@ -550,7 +574,8 @@ static void test_stop_strings_real_model(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_invariance_under_load), cmocka_unit_test(test_prefix_reuse_and_salt),
+        cmocka_unit_test(test_invariance_under_load), cmocka_unit_test(test_invariance_under_load_q8_0),
+        cmocka_unit_test(test_invariance_under_load_fp8), cmocka_unit_test(test_prefix_reuse_and_salt),
         cmocka_unit_test(test_abort_frees_blocks),    cmocka_unit_test(test_static_batch_pads_finished_seats),    cmocka_unit_test(test_rejects_bad_requests),
         cmocka_unit_test(test_stop_strings_real_model), cmocka_unit_test(test_choices_share_prompt),
     };

@@ -3,6 +3,7 @@
 #include "blade/kernels.h"
 #include "blade/types.h"
 #include "kernels/kernels_internal.h"
+#include "kernels/ktraits.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -146,7 +147,7 @@ static void mm(const mm_case *c, float *Y, int64_t t0, int64_t t1, int64_t r0, i
 static void note_avx512_fallback(uint32_t type)
 {
 #if defined(__x86_64__)
-    if (blade_isa_active() == BLADE_ISA_AVX512 && !blade_matmul_avx512_kernel(type, blade_cpu_get_features()))
+    if (blade_isa_active() == BLADE_ISA_AVX512 && !blade_ktraits_isa_kernel(type, BLADE_ISA_AVX512, blade_cpu_get_features()))
         note_skipped("AVX-512 %s not supported by this CPU: the AVX-512 %s kernel not tested (AVX2's ran instead)",
                      type == BLADE_TYPE_BF16 ? "BF16" : "VNNI", type_name(type));
 #else
@@ -689,15 +690,16 @@ static void test_q6_k_gfni(void **state)
         const char *name;
         blade_matmul_fn fn;
     } kernels[4] = {
-        {"AVX2 with GFNI", blade_matmul_avx2_kernel(BLADE_KTYPE_Q6_K_R16, f)},
-        {"AVX2 without GFNI", blade_matmul_avx2_kernel(BLADE_KTYPE_Q6_K_R16, &without)},
-        {"AVX-512 with GFNI", avx512 ? blade_matmul_avx512_kernel(BLADE_KTYPE_Q6_K_R16, f) : NULL},
-        {"AVX-512 without GFNI", avx512 ? blade_matmul_avx512_kernel(BLADE_KTYPE_Q6_K_R16, &without) : NULL},
+        {"AVX2 with GFNI", blade_ktraits_isa_kernel(BLADE_KTYPE_Q6_K_R16, BLADE_ISA_AVX2, f)},
+        {"AVX2 without GFNI", blade_ktraits_isa_kernel(BLADE_KTYPE_Q6_K_R16, BLADE_ISA_AVX2, &without)},
+        {"AVX-512 with GFNI", avx512 ? blade_ktraits_isa_kernel(BLADE_KTYPE_Q6_K_R16, BLADE_ISA_AVX512, f) : NULL},
+        {"AVX-512 without GFNI",
+         avx512 ? blade_ktraits_isa_kernel(BLADE_KTYPE_Q6_K_R16, BLADE_ISA_AVX512, &without) : NULL},
     };
     const int n_kernels = avx512 ? 4 : 2;
     for (int k = 0; k < n_kernels; k += 2)
         assert_true(kernels[k].fn && kernels[k + 1].fn && kernels[k].fn != kernels[k + 1].fn);
-    blade_matmul_fn scalar = blade_matmul_scalar_kernel(BLADE_KTYPE_Q6_K_R16);
+    blade_matmul_fn scalar = blade_ktraits_isa_kernel(BLADE_KTYPE_Q6_K_R16, BLADE_ISA_SCALAR, f);
     const int64_t n = 3 * 256, rows = 3 * BLADE_R16_ROWS, ntok = 11;
     mm_case c = make_case(BLADE_KTYPE_Q6_K_R16, n, rows, ntok);
     size_t ybytes = sizeof(float) * (size_t)(rows * ntok);
@@ -746,14 +748,14 @@ static void test_isa(void **state)
     for (size_t i = 0; i < N_TYPES; i++) {
         uint32_t t = all_types[i];
         bool needs_ext = t != BLADE_TYPE_F32 && t != BLADE_TYPE_F16;
-        assert_true((blade_matmul_avx512_kernel(t, &plain) == NULL) == needs_ext);
-        assert_non_null(blade_matmul_avx2_kernel(t, f));
-        assert_non_null(blade_matmul_scalar_kernel(t));
+        assert_true((blade_ktraits_isa_kernel(t, BLADE_ISA_AVX512, &plain) == NULL) == needs_ext);
+        assert_non_null(blade_ktraits_isa_kernel(t, BLADE_ISA_AVX2, f));
+        assert_non_null(blade_ktraits_isa_kernel(t, BLADE_ISA_SCALAR, f));
     }
     for (size_t i = 0; i < sizeof r16_types / sizeof r16_types[0]; i++) {
-        assert_null(blade_matmul_avx512_kernel(r16_types[i], &plain));
-        assert_non_null(blade_matmul_avx2_kernel(r16_types[i], f));
-        assert_non_null(blade_matmul_scalar_kernel(r16_types[i]));
+        assert_null(blade_ktraits_isa_kernel(r16_types[i], BLADE_ISA_AVX512, &plain));
+        assert_non_null(blade_ktraits_isa_kernel(r16_types[i], BLADE_ISA_AVX2, f));
+        assert_non_null(blade_ktraits_isa_kernel(r16_types[i], BLADE_ISA_SCALAR, f));
     }
 #endif
     fprintf(stderr, "active ISA: %s (vnni %d, bf16 %d)\n", blade_isa_name(best), f->avx512vnni, f->avx512bf16);

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -180,7 +181,7 @@ static void test_summary_by_hand(void **state)
          .kv_utilisation = 0.93},
     };
     lg_run_result r = {.records = recs, .n_records = 7, .duration = 1.0, .samples = samples, .n_samples = 2,
-                       .scraped = true};
+                       .scraped = true, .client_cpu = 0.3, .client_wall = 2.0, .client_peak_rss = 12 << 20};
     lg_slo slo = {.ttft_ms = 100, .tpot_ms = 20};
     lg_summary s;
     assert_int_equal(lg_summarize(&r, 3.6, &slo, &s), 0);
@@ -221,8 +222,24 @@ static void test_summary_by_hand(void **state)
     assert_near(s.kv_usage_peak, 0.4, EPS);
     assert_near(s.prefix_hit_rate, 0.6, EPS);
     assert_near(s.kv_utilisation, 0.93, EPS);
+    /* The client's own cost: 0.3 s of CPU in 2 s is 15% of a core, over the 10% it warns at. */
+    assert_near(s.client_cpu_share, 0.15, EPS);
+    assert_int_equal(s.client_peak_rss, 12 << 20);
+    FILE *sink = fopen("/dev/null", "w");
+    assert_true(lg_summary_warn_client(sink, &s));
+    json_t *doc = json_object();
+    lg_summary_to_json(&s, doc);
+    json_t *client = json_object_get(doc, "client");
+    assert_near(json_real_value(json_object_get(client, "cpu_s")), 0.3, EPS);
+    assert_near(json_real_value(json_object_get(client, "wall_s")), 2.0, EPS);
+    assert_near(json_real_value(json_object_get(client, "cpu_share")), 0.15, EPS);
+    assert_int_equal(json_integer_value(json_object_get(client, "peak_rss_bytes")), 12 << 20);
+    json_decref(doc);
+    r.client_cpu = 0.1;
 
     assert_int_equal(lg_summarize(&r, 0, NULL, &s), 0);
+    assert_false(lg_summary_warn_client(sink, &s));
+    fclose(sink);
     assert_false(s.have_slo);
     assert_true(isnan(s.goodput) && isnan(s.cost_output));
     for (int i = 0; i < 7; i++) {
@@ -538,7 +555,9 @@ typedef struct fake {
     pthread_t thread;
     enum fake_mode mode;
     bool blade_metrics; /* /metrics answers with blade: figures */
-    atomic_int completions, scrapes, handlers;
+    int token_ms;       /* between tokens; 0: 20 */
+    int busy_metrics_ms; /* /metrics answers this late while a completion streams */
+    atomic_int completions, scrapes, handlers, streaming;
 } fake;
 
 static fake g_fake;
@@ -578,9 +597,9 @@ static void sse(int fd, const char *json)
     send_str(fd, buf);
 }
 
-/* First token after 100 ms, then one every 20 ms; the usage chunk last. One event is sent
- * in two writes, split mid-JSON, and the stream uses CRLF line ends once. */
-static void stream_completion(fake *f, int fd, json_t *body)
+/* First token after 100 ms, then one every token_ms (20 ms); the usage chunk last. One event
+ * is sent in two writes, split mid-JSON, and the stream uses CRLF line ends once. */
+static void stream_tokens(fake *f, int fd, json_t *body)
 {
     int n = (int)json_integer_value(json_object_get(body, "max_tokens"));
     size_t prompt = json_array_size(json_object_get(body, "prompt"));
@@ -594,7 +613,7 @@ static void stream_completion(fake *f, int fd, json_t *body)
         sleep_ms(1000);
     send_str(fd, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n");
     for (int i = 0; i < n; i++) {
-        sleep_ms(i == 0 ? 100 : 20);
+        sleep_ms(i == 0 ? 100 : f->token_ms ? f->token_ms : 20);
         if (f->mode == FAKE_TRUNCATED && i == 2)
             return;
         char chunk[256];
@@ -625,8 +644,17 @@ static void stream_completion(fake *f, int fd, json_t *body)
     send_str(fd, "data: [DONE]\n\n");
 }
 
+static void stream_completion(fake *f, int fd, json_t *body)
+{
+    atomic_fetch_add(&f->streaming, 1);
+    stream_tokens(f, fd, body);
+    atomic_fetch_sub(&f->streaming, 1);
+}
+
 static void metrics(fake *f, int fd)
 {
+    if (f->busy_metrics_ms && atomic_load(&f->streaming) > 0)
+        sleep_ms(f->busy_metrics_ms);
     if (!f->blade_metrics) {
         respond(fd, "404 Not Found", "text/plain", "not found");
         return;
@@ -900,6 +928,59 @@ static void test_client_multi_turn_order(void **state)
     lg_workload_free(w);
 }
 
+/* User + system seconds. */
+static double rusage_cpu(const struct rusage *ru)
+{
+    return (double)ru->ru_utime.tv_sec + (double)ru->ru_utime.tv_usec * 1e-6 + (double)ru->ru_stime.tv_sec +
+           (double)ru->ru_stime.tv_usec * 1e-6;
+}
+
+/* CPU seconds of the calling thread: lg_run's alone, since the endpoint has threads of its
+ * own in this process. */
+static double thread_cpu(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_THREAD, &ru);
+    return rusage_cpu(&ru);
+}
+
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A run bounded by time: after 0.1 s nothing new starts and the four requests in flight
+ * (380 ms each) are waited for on their sockets. A client that polled for them would spend
+ * most of the run's wall time on the CPU; this one must stay under 5%. */
+static void test_client_sleeps_after_duration(void **state)
+{
+    (void)state;
+    g_fake.mode = FAKE_NORMAL;
+    g_fake.token_ms = 40;
+    char url[64];
+    fake_url(url, sizeof url);
+    lg_workload *w = fixed_workload(8, 8); /* 100 ms + 7 x 40 ms */
+    lg_run_config c = run_config(url, w, 0);
+    c.duration = 0.1;
+    c.max_concurrency = 4;
+    c.scrape_interval = 0;
+    lg_run_result r;
+    blade_error err = {{0}};
+    double cpu0 = thread_cpu(), t0 = wall_now();
+    assert_int_equal(lg_run(&c, &r, &err), 0);
+    double cpu = thread_cpu() - cpu0, wall = wall_now() - t0;
+    fprintf(stderr, "client: %.1f ms of CPU in %.0f ms\n", cpu * 1e3, wall * 1e3);
+    assert_int_equal(r.n_records, 4);
+    assert_true(cpu < 0.05 * wall);
+    /* What the run reports of itself: this process (the endpoint too), over the same span. */
+    assert_true(r.client_wall > 0.3 && r.client_wall <= wall);
+    assert_true(r.client_cpu > 0 && r.client_peak_rss > 0);
+    lg_run_result_free(&r);
+    lg_workload_free(w);
+}
+
 /* ---- the command line ---- */
 
 static void test_cli_serve(void **state)
@@ -938,9 +1019,12 @@ static void test_cli_serve(void **state)
     assert_null(strstr(page, "<script"));
     free(page);
 
-    /* The ablation varies the scheduling flags itself. */
+    /* The ablation varies the scheduling flags and the KV type itself. */
     assert_int_equal(run_blade("bench ablation --workload random --scheduler static", &out, 1), 2);
     assert_non_null(strstr(out, "what the ablation varies"));
+    free(out);
+    assert_int_equal(run_blade("bench ablation --workload random --kv-type q8_0", &out, 1), 2);
+    assert_non_null(strstr(out, "--kv-type is what the ablation varies"));
     free(out);
 
     /* The fake's model id is no file: without --tokenizer the command says what to do. */
@@ -951,6 +1035,154 @@ static void test_cli_serve(void **state)
     free(out);
     free(json);
     free(html);
+}
+
+/* The client must not take the CPU from the server it measures: 16 requests of slow tokens
+ * (80 ms apart, 500 ms each), all due at once, at most 4 in flight, and a /metrics that
+ * answers 0.9 s late while completions stream (a busy server), so the next sample falls due
+ * while one is in flight. Over the run (warm-up to last answer, as the client measures itself
+ * with getrusage) it uses under 5% of one core; a client that polls in those waits uses
+ * ~100%. Its figure agrees with what wait4 sees of the whole process (start-up included,
+ * which under ASan alone is a few tenths of a second, hence the looser 25% there), and
+ * appears in the summary, the JSON and the HTML report. */
+static void test_cli_client_cpu(void **state)
+{
+    (void)state;
+    g_fake.mode = FAKE_NORMAL;
+    g_fake.token_ms = 80;
+    g_fake.blade_metrics = true;
+    g_fake.busy_metrics_ms = 900;
+    char *json = temp_path("loadgen-cpu.json"), *html = temp_path("loadgen-cpu.html");
+    char args[2048];
+    snprintf(args, sizeof args,
+             "bench serve --url http://127.0.0.1:%d --tokenizer '%s' --workload random --num-requests 16 "
+             "--max-concurrency 4 --input-len 8 --output-len 6 --json '%s' --report '%s'",
+             g_fake.port, g_tok_path, json, html);
+    char *out = NULL;
+    struct rusage ru;
+    double wall;
+    assert_int_equal(run_blade_usage(args, &out, 1, &ru, &wall), 0);
+    json_t *doc = json_load_file(json, 0, NULL);
+    assert_non_null(doc);
+    json_t *client = json_object_get(doc, "client");
+    double cpu_s = json_real_value(json_object_get(client, "cpu_s"));
+    double wall_s = json_real_value(json_object_get(client, "wall_s"));
+    double share = json_real_value(json_object_get(client, "cpu_share"));
+    json_int_t rss = json_integer_value(json_object_get(client, "peak_rss_bytes"));
+    json_decref(doc);
+    double cpu = rusage_cpu(&ru);
+    fprintf(stderr, "client: %.1f ms of CPU in %.0f ms over the run (%.1f%%); the process: %.1f ms in %.0f ms\n",
+            cpu_s * 1e3, wall_s * 1e3, share * 100, cpu * 1e3, wall * 1e3);
+    assert_non_null(strstr(out, "16 completed, 0 failed"));
+    assert_true(atomic_load(&g_fake.scrapes) >= 3);
+    assert_non_null(strstr(out, "\nclient              CPU "));
+    assert_null(strstr(out, "warning: the benchmark client"));
+    free(out);
+    assert_true(wall_s > 2.0 && wall_s <= wall);
+    assert_near(share, cpu_s / wall_s, 1e-9);
+    assert_true(share < 0.05);
+    assert_true(cpu_s > 0 && cpu_s <= cpu);
+    assert_true(cpu < 0.25 * wall);
+    assert_true(rss > 0 && rss <= (json_int_t)ru.ru_maxrss * 1024);
+    size_t len;
+    char *page = read_file(html, &len);
+    assert_non_null(page);
+    assert_non_null(strstr(page, "client CPU (% of one core)"));
+    assert_non_null(strstr(page, "client peak RSS (MiB)"));
+    free(page);
+    unlink(json);
+    unlink(html);
+    free(json);
+    free(html);
+}
+
+/* Where the 4-byte n_dims and first dimension of tensor name follow its name in the tensor
+ * table of a GGUF image. */
+static size_t tensor_dims_at(const char *image, size_t len, const char *name)
+{
+    const char *p = memmem(image, len, name, strlen(name));
+    assert_non_null(p);
+    return (size_t)(p - image) + strlen(name);
+}
+
+/* --tokenizer reads the vocabulary, not the model: a GGUF with a 32000-token vocabulary and
+ * 512 MiB of weights (a sparse file: the tail is a hole, no disk written) costs the client
+ * no more resident memory than the same vocabulary with 256 bytes of weights, give or take
+ * 32 MiB. A client that loads or copies the model grows by the 512 MiB. */
+static void test_cli_tokenizer_rss(void **state)
+{
+    (void)state;
+    g_fake.mode = FAKE_NORMAL;
+    blade_synth_spec spec = {
+        .arch = BLADE_ARCH_LLAMA, .n_vocab = 32000, .n_embd = 16, .n_layer = 1, .n_head = 2, .n_head_kv = 1,
+        .head_dim = 8, .n_ff = 32, .n_ctx = 2048, .rope_base = 10000.0f, .weight_type = BLADE_TYPE_F32, .seed = 5,
+    };
+    char *model = temp_path("loadgen-vocab-model.gguf"), *small = temp_path("loadgen-vocab-small.gguf"),
+         *big = temp_path("loadgen-vocab-big.gguf");
+    blade_error err = {{0}};
+    assert_int_equal(blade_synth_write(&spec, model, false, &err), 0);
+    size_t model_len;
+    char *model_image = read_file(model, &model_len);
+    gguf_file *src = gguf_open_memory(model_image, model_len, &err);
+    assert_non_null(src);
+    /* The vocabulary alone and one small tensor, which the big file then declares 512 MiB. */
+    static const char filler[] = "blade.test.weights";
+    float weights[64] = {0};
+    gguf_writer *gw = gguf_writer_new();
+    gguf_writer_copy_kv(gw, src);
+    assert_int_equal(gguf_writer_add_tensor(gw, filler, BLADE_TYPE_F32, 1, (const int64_t[]){64}, weights,
+                                            sizeof weights, &err),
+                     0);
+    assert_int_equal(gguf_writer_write(gw, small, false, &err), 0);
+    gguf_writer_free(gw);
+    gguf_close(src);
+    free(model_image);
+    unlink(model);
+
+    size_t len;
+    char *image = read_file(small, &len);
+    gguf_file *g = gguf_open_memory(image, len, &err);
+    assert_non_null(g);
+    const gguf_tensor *t = gguf_find_tensor(g, filler);
+    size_t data_end = g->data_offset + (size_t)t->offset, metadata = g->data_offset;
+    gguf_close(g);
+    const uint64_t big_elems = (uint64_t)1 << 27; /* 512 MiB of F32 */
+    size_t dims = tensor_dims_at(image, len, filler);
+    uint32_t n_dims;
+    memcpy(&n_dims, image + dims, 4);
+    assert_int_equal(n_dims, 1);
+    memcpy(image + dims + 4, &big_elems, 8);
+    assert_int_equal(write_file(big, image, data_end), 0);
+    assert_int_equal(truncate(big, (off_t)(data_end + big_elems * 4)), 0);
+    free(image);
+    g = gguf_open_mapped(big, &err);
+    assert_non_null(g);
+    assert_int_equal(gguf_find_tensor(g, filler)->nbytes, big_elems * 4);
+    gguf_close(g);
+
+    long rss_kib[2];
+    const char *paths[2] = {small, big};
+    for (int i = 0; i < 2; i++) {
+        char args[2048], *out = NULL;
+        snprintf(args, sizeof args,
+                 "bench serve --url http://127.0.0.1:%d --tokenizer '%s' --workload random --num-requests 1 "
+                 "--input-len 8 --output-len 2 --no-warmup",
+                 g_fake.port, paths[i]);
+        struct rusage ru;
+        double wall;
+        assert_int_equal(run_blade_usage(args, &out, 1, &ru, &wall), 0);
+        assert_non_null(strstr(out, "1 completed, 0 failed"));
+        free(out);
+        rss_kib[i] = ru.ru_maxrss;
+    }
+    fprintf(stderr, "peak RSS with %zu KiB of metadata: %ld KiB (256 B of weights), %ld KiB (512 MiB)\n",
+            metadata >> 10, rss_kib[0], rss_kib[1]);
+    assert_true(rss_kib[1] < rss_kib[0] + 32 * 1024);
+    unlink(small);
+    unlink(big);
+    free(model);
+    free(small);
+    free(big);
 }
 
 /* ---- compare ---- */
@@ -1023,7 +1255,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_client_timing, fake_start, fake_stop),
         cmocka_unit_test_setup_teardown(test_client_failures, fake_start, fake_stop),
         cmocka_unit_test_setup_teardown(test_client_multi_turn_order, fake_start, fake_stop),
+        cmocka_unit_test_setup_teardown(test_client_sleeps_after_duration, fake_start, fake_stop),
         cmocka_unit_test_setup_teardown(test_cli_serve, fake_start, fake_stop),
+        cmocka_unit_test_setup_teardown(test_cli_client_cpu, fake_start, fake_stop),
+        cmocka_unit_test_setup_teardown(test_cli_tokenizer_rss, fake_start, fake_stop),
         cmocka_unit_test(test_compare),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);

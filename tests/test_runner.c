@@ -1,6 +1,6 @@
 /* The batched model runner: bit-for-bit batch invariance (alone vs inside batches of
  * 2..16 other sequences, whole prefill vs chunks of 1, 7 and 64, scrambled block tables,
- * 1..3 threads, every ISA), and agreement with the reference forward pass. */
+ * 1..3 threads, every ISA, every KV type), and agreement with the reference forward pass. */
 #include "testutil.h"
 
 #include "blade/forward.h"
@@ -242,6 +242,9 @@ INVARIANCE_TEST(test_invariance_q6_k, BLADE_TYPE_Q6_K, 0, BLADE_ARCH_LLAMA, BLAD
 INVARIANCE_TEST(test_invariance_f16, BLADE_TYPE_F16, 0, BLADE_ARCH_LLAMA, BLADE_KV_F16)
 INVARIANCE_TEST(test_invariance_bf16, BLADE_TYPE_BF16, 0, BLADE_ARCH_LLAMA, BLADE_KV_F16)
 INVARIANCE_TEST(test_invariance_f32, BLADE_TYPE_F32, 0, BLADE_ARCH_LLAMA, BLADE_KV_F32)
+/* The 8-bit KV types: each token's row is rounded on its own, so they are as invariant. */
+INVARIANCE_TEST(test_invariance_kv_q8_0, BLADE_TYPE_Q4_K, 0, BLADE_ARCH_QWEN3, BLADE_KV_Q8_0)
+INVARIANCE_TEST(test_invariance_kv_fp8, BLADE_TYPE_Q8_0, 0, BLADE_ARCH_QWEN2, BLADE_KV_FP8)
 
 /* The loader's fused gate/up matrix (model.h) moves rows, not arithmetic: a model fused at
  * load gives the same bits as the same file read from caller memory, which keeps the two
@@ -373,7 +376,8 @@ int main(void)
         cmocka_unit_test(test_invariance_q4_k),      cmocka_unit_test(test_invariance_q4_k_m),
         cmocka_unit_test(test_invariance_q5_k),      cmocka_unit_test(test_invariance_q6_k),
         cmocka_unit_test(test_invariance_f16),       cmocka_unit_test(test_invariance_bf16),
-        cmocka_unit_test(test_invariance_f32),
+        cmocka_unit_test(test_invariance_f32),       cmocka_unit_test(test_invariance_kv_q8_0),
+        cmocka_unit_test(test_invariance_kv_fp8),
         cmocka_unit_test(test_matches_reference_forward), cmocka_unit_test(test_quantized_close_to_reference),
         cmocka_unit_test(test_rejects_bad_batches),  cmocka_unit_test(test_fused_gate_up_same_bits),
     };

@@ -1,3 +1,9 @@
+/* Sampling: the random stream against its reference outputs, parameter validation,
+ * greedy argmax with ties to the lower id, each penalty's semantics and their order,
+ * masked tokens staying masked, the filters (top-k, top-p, min-p) and temperature against
+ * exact distributions, reproducibility and golden sequences per seed, one uniform draw per
+ * call, NaN and infinite logits, a large vocabulary, and logprobs with their top
+ * alternatives. */
 #include "testutil.h"
 
 #include "blade/sampler.h"

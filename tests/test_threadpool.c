@@ -1,3 +1,7 @@
+/* The thread pool and work sharing: many short runs back to back, each thread's share of
+ * a partition, nested runs executing inline, several callers at once, idle pools that
+ * sleep and free cleanly, the caller blocking until a run ends, the default size, and
+ * work sharing handing out every unit exactly once. */
 #include "testutil.h"
 
 #include "blade/kernels.h"

@@ -1,3 +1,7 @@
+/* Tensor types: fp16 conversion over every bit pattern and its rounding, bf16, the traits
+ * table and type names, each reference dequantizer against llama.cpp's dequantized copies
+ * of the shared tiny256 files, and the quantizers of the table (round trips, zero and F32
+ * rows, an error no larger than llama.cpp's quantizer's, structured blocks). */
 #include "testutil.h"
 
 #include "blade/gguf.h"
@@ -150,6 +154,121 @@ static void test_bf16(void **state)
     uint16_t n = blade_fp32_to_bf16(float_of(0x7f800001u));
     assert_true(isnan(blade_bf16_to_fp32(n)));
     assert_int_equal(blade_fp32_to_bf16(float_of(0xffc00000u)), 0xffc0);
+}
+
+/* ---- fp8 E4M3 ---- */
+
+/* Value of an E4M3 code from the OCP spec, independent of the code under test; NaN for
+ * S.1111.111. */
+static double e4m3_value(uint8_t b)
+{
+    int exp = (b >> 3) & 0xf, mant = b & 7;
+    if ((b & 0x7f) == 0x7f)
+        return NAN;
+    double mag = exp == 0 ? ldexp(mant, -9) : ldexp(8 + mant, exp - 10);
+    return (b & 0x80) ? -mag : mag;
+}
+
+/* Every code converts to its value, and back to itself (NaN to NaN). */
+static void test_e4m3_exhaustive(void **state)
+{
+    (void)state;
+    for (int c = 0; c < 256; c++) {
+        uint8_t b = (uint8_t)c;
+        float f = blade_e4m3_to_fp32(b);
+        double want = e4m3_value(b);
+        if (isnan(want)) {
+            /* the quiet NaN with the code's sign */
+            assert_int_equal(bits_of(f), (b & 0x80 ? 0xffc00000u : 0x7fc00000u));
+        } else {
+            assert_true((double)f == want);
+            assert_int_equal(signbit(f) != 0, (b & 0x80) != 0);
+        }
+        assert_int_equal(blade_fp32_to_e4m3(f), b);
+    }
+    assert_true(blade_e4m3_to_fp32(0x7e) == 448.0f);
+    assert_true(blade_e4m3_to_fp32(0x08) == 0x1p-6f);
+    assert_true(blade_e4m3_to_fp32(0x01) == 0x1p-9f);
+}
+
+/* The nearest code, ties to the even one (even mantissa), by search over every finite code:
+ * what the conversion must give for a value within range. */
+static uint8_t e4m3_nearest(float f)
+{
+    double x = fabs((double)f), best = INFINITY;
+    uint8_t code = 0;
+    for (int c = 0; c <= 0x7e; c++) {
+        double d = fabs(e4m3_value((uint8_t)c) - x);
+        if (d < best || (d == best && (c & 1) == 0)) {
+            best = d;
+            code = (uint8_t)c;
+        }
+    }
+    return (uint8_t)(code | (signbit(f) ? 0x80 : 0));
+}
+
+static void test_e4m3_rounding(void **state)
+{
+    (void)state;
+    /* ties to even in the normal range: 1 + 1/16 lies between 1 (mantissa 0) and 1.125 */
+    assert_int_equal(blade_fp32_to_e4m3(1.0f + 0x1p-4f), 0x38);
+    assert_int_equal(blade_fp32_to_e4m3(1.0f + 3 * 0x1p-4f), 0x3a);
+    assert_int_equal(blade_fp32_to_e4m3(1.0f + 0x1p-4f + 0x1p-20f), 0x39);
+    assert_int_equal(blade_fp32_to_e4m3(-(1.0f + 0x1p-4f)), 0xb8);
+    /* a carry out of the mantissa: 1.9375 is a tie between 1.875 (odd) and 2 */
+    assert_int_equal(blade_fp32_to_e4m3(1.9375f), 0x40);
+    /* saturation: the largest value, the tie to the (missing) 480, beyond, infinities */
+    assert_int_equal(blade_fp32_to_e4m3(448.0f), 0x7e);
+    assert_int_equal(blade_fp32_to_e4m3(447.0f), 0x7e);
+    assert_int_equal(blade_fp32_to_e4m3(464.0f), 0x7e);
+    assert_int_equal(blade_fp32_to_e4m3(1e9f), 0x7e);
+    assert_int_equal(blade_fp32_to_e4m3(FLT_MAX), 0x7e);
+    assert_int_equal(blade_fp32_to_e4m3(INFINITY), 0x7e);
+    assert_int_equal(blade_fp32_to_e4m3(-INFINITY), 0xfe);
+    assert_int_equal(blade_fp32_to_e4m3(-500.0f), 0xfe);
+    /* 416 + 16 = 432 is the tie between 416 (odd mantissa) and 448 */
+    assert_int_equal(blade_fp32_to_e4m3(432.0f), 0x7e);
+    assert_int_equal(blade_fp32_to_e4m3(431.0f), 0x7d);
+    /* NaN stays NaN, either sign, whatever the payload */
+    assert_int_equal(blade_fp32_to_e4m3(NAN), 0x7f);
+    assert_int_equal(blade_fp32_to_e4m3(float_of(0xffc00000u)), 0xff);
+    assert_int_equal(blade_fp32_to_e4m3(float_of(0x7f800001u)), 0x7f);
+    /* subnormals: m x 2^-9; half the smallest is a tie to zero, anything above it is not */
+    assert_int_equal(blade_fp32_to_e4m3(0x1p-9f), 0x01);
+    assert_int_equal(blade_fp32_to_e4m3(-0x1p-9f), 0x81);
+    assert_int_equal(blade_fp32_to_e4m3(0x1p-10f), 0x00);
+    assert_int_equal(blade_fp32_to_e4m3(0x1.000002p-10f), 0x01);
+    assert_int_equal(blade_fp32_to_e4m3(3 * 0x1p-10f), 0x02);
+    assert_int_equal(blade_fp32_to_e4m3(5 * 0x1p-10f), 0x02);
+    assert_int_equal(blade_fp32_to_e4m3(7 * 0x1p-9f), 0x07);
+    /* rounding up from the largest subnormal lands on the smallest normal */
+    assert_int_equal(blade_fp32_to_e4m3(15 * 0x1p-10f), 0x08);
+    assert_int_equal(blade_fp32_to_e4m3(0x1p-6f - 0x1p-20f), 0x08);
+    assert_int_equal(blade_fp32_to_e4m3(1e-30f), 0x00);
+    assert_int_equal(blade_fp32_to_e4m3(FLT_TRUE_MIN), 0x00);
+    assert_int_equal(blade_fp32_to_e4m3(-0.0f), 0x80);
+    /* against the search, on every midpoint between neighbouring codes and its float
+     * neighbours, and on random values across the range */
+    for (int c = 0; c < 0x7e; c++) {
+        float mid = (float)((e4m3_value((uint8_t)c) + e4m3_value((uint8_t)(c + 1))) / 2);
+        const float probes[] = {mid, nextafterf(mid, 0.0f), nextafterf(mid, INFINITY)};
+        for (int p = 0; p < 3; p++) {
+            assert_int_equal(blade_fp32_to_e4m3(probes[p]), e4m3_nearest(probes[p]));
+            assert_int_equal(blade_fp32_to_e4m3(-probes[p]), e4m3_nearest(-probes[p]));
+        }
+    }
+    uint64_t st = 7;
+    for (int i = 0; i < 200000; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        /* log-uniform magnitudes from 2^-12 to 2^9 */
+        float f = ldexpf(1.0f + (float)((st >> 40) & 0xffffff) * 0x1p-24f, (int)((st >> 20) % 21) - 12);
+        if (f > 448.0f)
+            f = 448.0f;
+        if (st & 1)
+            f = -f;
+        if (blade_fp32_to_e4m3(f) != e4m3_nearest(f))
+            fail_msg("%a: got 0x%02x, nearest is 0x%02x", (double)f, blade_fp32_to_e4m3(f), e4m3_nearest(f));
+    }
 }
 
 /* ---- traits table ---- */
@@ -526,6 +645,8 @@ int main(void)
         cmocka_unit_test(test_fp16_exhaustive),
         cmocka_unit_test(test_fp16_rounding),
         cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_e4m3_exhaustive),
+        cmocka_unit_test(test_e4m3_rounding),
         cmocka_unit_test(test_traits_table),
         cmocka_unit_test(test_names_and_row_bytes),
         cmocka_unit_test(test_dequant_q4_0),

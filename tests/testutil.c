@@ -1,11 +1,15 @@
+/* Helpers of the cmocka test programs (testutil.h): paths into ../shared, reported skips,
+ * files, temporary paths, and running the blade binary or any command. */
 #include "testutil.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static char *join(const char *a, const char *b)
@@ -14,6 +18,33 @@ static char *join(const char *a, const char *b)
     char *p = malloc(n);
     snprintf(p, n, "%s/%s", a, b);
     return p;
+}
+
+blade_model *load_model(const char *path)
+{
+    blade_error err = {{0}};
+    blade_model *m = blade_model_load(path, &err);
+    if (!m)
+        fail_msg("%s", err.msg);
+    return m;
+}
+
+blade_model *load_stories(void)
+{
+    char *path = require_shared("models/stories260K.gguf");
+    blade_model *m = load_model(path);
+    free(path);
+    return m;
+}
+
+char *read_shared(const char *rel, size_t *len)
+{
+    char *path = require_shared(rel);
+    char *text = read_file(path, len);
+    if (!text)
+        fail_msg("cannot read %s", path);
+    free(path);
+    return text;
 }
 
 char *shared_path(const char *rel)
@@ -97,27 +128,58 @@ char *temp_path(const char *name)
     return join(BLADE_TEST_TMPDIR, name);
 }
 
-static int run_prefixed(const char *prefix, const char *args, char **out, int merge_stderr)
+static double now_s(void)
 {
-    size_t n = strlen(prefix) + strlen(BLADE_BINARY) + strlen(args) + 32;
-    char *cmd = malloc(n);
-    snprintf(cmd, n, "%s'%s' %s%s", prefix, BLADE_BINARY, args, merge_stderr ? " 2>&1" : " 2>/dev/null");
-    FILE *p = popen(cmd, "r");
-    free(cmd);
-    if (!p)
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Runs cmd through sh with its stdout captured. */
+static int run_shell(const char *cmd, char **out, struct rusage *usage, double *wall_s)
+{
+    int fds[2];
+    if (pipe(fds) != 0)
         return -1;
+    double t0 = now_s();
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], STDOUT_FILENO);
+        close(fds[0]);
+        close(fds[1]);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    if (pid < 0) {
+        close(fds[0]);
+        return -1;
+    }
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap + 1);
-    size_t got;
-    while ((got = fread(buf + len, 1, cap - len, p)) > 0) {
-        len += got;
+    ssize_t got;
+    while ((got = read(fds[0], buf + len, cap - len)) != 0) {
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        len += (size_t)got;
         if (len == cap) {
             cap *= 2;
             buf = realloc(buf, cap + 1);
         }
     }
+    close(fds[0]);
     buf[len] = 0;
-    int status = pclose(p);
+    int status = 0;
+    struct rusage ru;
+    while (wait4(pid, &status, 0, &ru) < 0 && errno == EINTR)
+        ;
+    if (wall_s)
+        *wall_s = now_s() - t0;
+    if (usage)
+        *usage = ru;
     if (out)
         *out = buf;
     else
@@ -125,14 +187,37 @@ static int run_prefixed(const char *prefix, const char *args, char **out, int me
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* Runs `prefix blade args` through sh, whose exec makes the last command of the line the
+ * child itself, so what wait4 reports is that process's alone. */
+static int run_prefixed(const char *prefix, const char *args, char **out, int merge_stderr, struct rusage *usage,
+                        double *wall_s)
+{
+    size_t n = strlen(prefix) + strlen(BLADE_BINARY) + strlen(args) + 32;
+    char *cmd = malloc(n);
+    snprintf(cmd, n, "exec %s'%s' %s%s", prefix, BLADE_BINARY, args, merge_stderr ? " 2>&1" : " 2>/dev/null");
+    int rc = run_shell(cmd, out, usage, wall_s);
+    free(cmd);
+    return rc;
+}
+
+int run_command(const char *cmd, char **out)
+{
+    return run_shell(cmd, out, NULL, NULL);
+}
+
 int run_blade(const char *args, char **out, int merge_stderr)
 {
-    return run_prefixed("", args, out, merge_stderr);
+    return run_prefixed("", args, out, merge_stderr, NULL, NULL);
+}
+
+int run_blade_usage(const char *args, char **out, int merge_stderr, struct rusage *usage, double *wall_s)
+{
+    return run_prefixed("", args, out, merge_stderr, usage, wall_s);
 }
 
 int run_blade_within(int seconds, const char *args, char **out, int merge_stderr)
 {
     char prefix[64];
     snprintf(prefix, sizeof prefix, "timeout -k 2 %d ", seconds);
-    return run_prefixed(prefix, args, out, merge_stderr);
+    return run_prefixed(prefix, args, out, merge_stderr, NULL, NULL);
 }

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "blade/kernels.h"
+#include "blade/model.h"
 
 /* "<shared>/rel" in a static buffer per call site is error-prone, so this returns a
  * malloc'd path; callers free it. */
@@ -25,16 +26,29 @@ void note_skipped(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* True when this CPU runs the ISA; otherwise notes "SKIPPED: <ISA> not supported by this
  * CPU: <what> not tested on it". For the loops that check every ISA. */
 bool isa_tested(blade_isa isa, const char *what);
+/* The model at path, or the test fails with the loader's message. */
+blade_model *load_model(const char *path);
+/* ../shared/models/stories260K.gguf (the test skipped when the file is missing). */
+blade_model *load_stories(void);
+/* A shared file's contents (the test skipped when it is missing, failed when unreadable). */
+char *read_shared(const char *rel, size_t *len);
 /* Whole file into a malloc'd, NUL-terminated buffer; NULL on failure. */
 char *read_file(const char *path, size_t *len);
 int write_file(const char *path, const void *data, size_t len);
 /* A fresh path under the build's test temp directory (created on demand); malloc'd. */
 char *temp_path(const char *name);
+/* Runs a shell command line; returns its exit status and, if out is non-NULL, its stdout
+ * as a malloc'd string. */
+int run_command(const char *cmd, char **out);
 /* Runs the blade binary with a shell-quoted argument string; returns its exit status
  * and, if out is non-NULL, stdout (+ stderr when merge_stderr) as a malloc'd string. */
 int run_blade(const char *args, char **out, int merge_stderr);
 /* The same, killed after `seconds` (status 124 then), for a command that must not block:
  * a regression then fails the test instead of hanging it. */
 int run_blade_within(int seconds, const char *args, char **out, int merge_stderr);
+/* run_blade that also reports what the blade process used (wait4: CPU time, peak RSS in
+ * ru_maxrss) and how long it ran, in wall seconds. */
+struct rusage;
+int run_blade_usage(const char *args, char **out, int merge_stderr, struct rusage *usage, double *wall_s);
 
 #endif

@@ -95,9 +95,10 @@ typedef struct gguf_file {
 } gguf_file;
 
 gguf_file *gguf_open(const char *path, blade_error *err);
-/* The same, but always reading through the file's own mapping, never a copy in memory: for
- * one pass over the weights (converting a model), where the copy would only cost time and
- * memory. */
+/* The same file read through its own mapping, never copied into memory: only the pages a
+ * caller touches are read. For a caller that needs no weights (a tokenizer, a chat template)
+ * it costs what the metadata does, and for one pass over the weights (converting a model)
+ * it saves the copy's time and memory. Validated as by gguf_open. */
 gguf_file *gguf_open_mapped(const char *path, blade_error *err);
 /* Parses a buffer the caller keeps alive (used by tests); same validation. */
 gguf_file *gguf_open_memory(const void *buf, size_t size, blade_error *err);
@@ -148,6 +149,10 @@ void gguf_writer_set_array(gguf_writer *w, const char *key, gguf_value_type elem
 void gguf_writer_set_string_array(gguf_writer *w, const char *key, const char *const *v, uint64_t n);
 /* Copies every key/value of an opened file (used when re-writing a model). */
 void gguf_writer_copy_kv(gguf_writer *w, const gguf_file *src);
+/* Drops a key set or copied earlier (nothing when there is none), keeping the others' order. */
+void gguf_writer_remove_kv(gguf_writer *w, const char *key);
+/* Copies, with their types, the key/values whose key starts with prefix. */
+void gguf_writer_copy_kv_prefix(gguf_writer *w, const gguf_file *src, const char *prefix);
 /* Tensor data is referenced, not copied: it must stay valid until gguf_writer_write.
  * ne has n_dims entries. */
 int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,

@@ -1,8 +1,10 @@
 #ifndef BLADE_KERNELS_H
 #define BLADE_KERNELS_H
 
-/* CPU compute kernels behind run-time dispatch (AVX-512 with VNNI/BF16 where present,
- * AVX2+FMA, portable scalar), and the persistent thread pool that runs them.
+/* CPU compute kernels behind run-time dispatch (AVX-512 with VNNI/BF16/GFNI where present,
+ * AVX2+FMA, portable scalar), and the persistent thread pool that runs them. Which
+ * kernel serves which weight type on which CPU is one table (src/kernels/ktraits.c),
+ * resolved once for the CPU; the functions below look it up.
  *
  * Determinism contract (batch invariance): for every output element the sequence of
  * floating-point operations is fixed by the weight type and the ISA alone; it does not
@@ -61,7 +63,8 @@ void blade_rmsnorm(float *out, const float *x, const float *w, int64_t n, float 
 void blade_swiglu(const float *gate, const float *up, float *out, int64_t n_runs, int64_t run, int64_t stride);
 
 /* Rounds n floats to BLADE_TYPE_F16 or BLADE_TYPE_BF16 at out, to nearest even, bit for bit
- * as blade_fp32_to_fp16 / blade_fp32_to_bf16 do, with the active ISA's instructions. */
+ * as blade_fp32_to_fp16 / blade_fp32_to_bf16 do, with the active ISA's instructions. Any
+ * other type is a caller bug and stops the process. */
 void blade_row_from_float(uint32_t type, const float *x, void *out, int64_t n);
 
 /* Y[t * ldy + r] = dot(W row r, X row t) for r in [r0, r1), t in [0, n_tok).
@@ -84,13 +87,11 @@ void blade_matmul(uint32_t weight_type, const void *W, size_t w_stride, const vo
  * Every ISA performs the same operations per output in the same order for R16 types
  * (exact integer sums per block, then acc = fma(sum, w_scale * x_scale, acc) block by
  * block, and for Q4_K a second FMA for the mins), so their results are bit-identical to
- * the portable kernel's. */
-enum {
-    BLADE_KTYPE_Q4_0_R16 = 0x100 + BLADE_TYPE_Q4_0,
-    BLADE_KTYPE_Q8_0_R16 = 0x100 + BLADE_TYPE_Q8_0,
-    BLADE_KTYPE_Q4_K_R16 = 0x100 + BLADE_TYPE_Q4_K,
-    BLADE_KTYPE_Q6_K_R16 = 0x100 + BLADE_TYPE_Q6_K,
-};
+ * the portable kernel's.
+ *
+ * A repacked matrix has a kernel type of its own, an id beyond the GGUF types'
+ * (BLADE_TYPE_COUNT) that blade_matmul_repacked_type hands out: pass it wherever a weight
+ * type goes. */
 #define BLADE_R16_ROWS 16
 
 /* The repacked type for a matrix of this type and shape, or 0 when it has none. */

@@ -2,8 +2,17 @@
 #define BLADE_MODEL_H
 
 /* A loaded model: hyperparameters read from GGUF metadata and weight views into the
- * mapped file (nothing is copied). Architectures: llama, qwen2 (QKV bias, NeoX RoPE),
- * qwen3 (per-head Q/K RMSNorm, NeoX RoPE). Anything else is refused by name. */
+ * loaded file. blade_model_load opens it with gguf_open, which copies the file once into
+ * 2 MiB-page memory (or, when that memory cannot be had, reads it through the file's own
+ * mapping), and then rearranges the weights in that copy for the kernels: the quantized
+ * projections that have a 16-row layout (kernels.h) are repacked into it, so a weight's
+ * type may be a kernel layout rather than the file's, and a layer's gate and up
+ * projections that lie back to back with one type and shape are fused into one matrix.
+ * Over the file's own mapping (gguf_open_mapped handed to blade_model_from_gguf, or no
+ * memory for the copy) nothing is rearranged and the weights are used as the file has
+ * them. The views stay valid until blade_model_free.
+ * Architectures: llama, qwen2 (QKV bias, NeoX RoPE), qwen3 (per-head Q/K RMSNorm, NeoX
+ * RoPE). Anything else is refused by name. */
 
 #include "blade/error.h"
 #include "blade/gguf.h"

@@ -29,7 +29,9 @@ bool blade_quantize_type_supported(uint32_t type);
  *
  * refine: after the reference search, blade searches further (neighbouring sub-block scales
  * and mins, a least-squares refit of the super-block scales) and keeps a block only where its
- * weighted error is lower. Q4_0 and Q8_0 have no search without importance.
+ * weighted error is lower. Q4_0 and Q8_0 have no search without importance; with it, their
+ * weighted scale search runs whatever refine says, as the K-quants' reference search uses
+ * the importance whatever refine says.
  *
  * Without importance, Q4_0 and Q8_0 bytes are exactly ggml's reference quantizer's, and so are
  * the K-quants' when refine is false. The result depends only on the n values: quantizing a
@@ -105,6 +107,13 @@ typedef struct blade_quantize_params {
     bool progress;  /* progress bar on stderr (the caller checks it is a terminal) */
     blade_quant_importance_fn importance; /* NULL: none */
     void *importance_ctx;
+    /* Where the importance came from, recorded in the output as llama.cpp records it
+     * (quantize.imatrix.file, .dataset, .chunks_count, .entries_count) when
+     * imatrix_file is set. */
+    const char *imatrix_file;
+    const char *imatrix_dataset;
+    int32_t imatrix_chunks;
+    int32_t imatrix_entries;
     /* When it becomes non-zero (a SIGINT handler sets it), the conversion stops between row
      * chunks and no output file is left behind. */
     const volatile sig_atomic_t *cancel;
@@ -150,7 +159,8 @@ blade_quantize_job *blade_quantize_prepare(const char *in_path, const blade_quan
 /* The plan (and, after blade_quantize_write, the results); valid until the job is freed. */
 const blade_quantize_report *blade_quantize_job_report(const blade_quantize_job *job);
 /* Writes the GGUF: every metadata key carried over, plus general.file_type (the scheme's)
- * and general.quantization_version = 2; tensors in the input's order, aligned. The file is
+ * and general.quantization_version = 2 (and the quantize.imatrix.* keys when the params name
+ * an importance matrix); tensors in the input's order, aligned. The file is
  * written beside out_path and renamed into place once complete and synced, so out_path is
  * untouched unless this succeeds. Refuses an out_path that is the input (same inode), and
  * tensors with values that are not finite or (for every type with fp16 scales, and F16)

@@ -14,6 +14,7 @@
  * The runner never allocates KV blocks: block tables come from the caller (the KV cache
  * manager), and the runner writes each new token's K/V into the slot its position names. */
 
+#include "blade/act_stats.h"
 #include "blade/error.h"
 #include "blade/kernels.h"
 #include "blade/kv_store.h"
@@ -42,6 +43,13 @@ blade_runner *blade_runner_new(const blade_model *m, blade_kv_store *kv, blade_t
                                int32_t max_batch_tokens, blade_error *err);
 void blade_runner_free(blade_runner *r);
 int32_t blade_runner_max_batch_tokens(const blade_runner *r);
+
+/* While s is set, every forward adds the activation rows its weight matrices read to s
+ * (act_stats.h): every batch token's, and for the classifier the rows that want logits.
+ * The outputs are the same bits as without. NULL stops collecting. Fails for statistics of
+ * another model shape, or when the runner's row buffer (one row of the widest input per
+ * batch token, allocated on first use) does not fit in memory. */
+int blade_runner_set_act_stats(blade_runner *r, blade_act_stats *s, blade_error *err);
 
 /* Runs one batch. Validates every sequence (tokens in the vocabulary, positions inside
  * the block table, block numbers inside the store, logit rows inside the chunk) before

@@ -34,6 +34,10 @@ typedef enum blade_token_attr {
 } blade_token_attr;
 
 blade_tokenizer *blade_tokenizer_load(const gguf_file *f, blade_error *err);
+/* The tokenizer of a GGUF file, read from its metadata alone (gguf_open_mapped): the
+ * weights are never read, so a model file costs what its vocabulary does. Errors name the
+ * file. */
+blade_tokenizer *blade_tokenizer_load_file(const char *path, blade_error *err);
 void blade_tokenizer_free(blade_tokenizer *t);
 
 blade_vocab_kind blade_tokenizer_kind(const blade_tokenizer *t);

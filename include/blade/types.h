@@ -2,8 +2,11 @@
 #define BLADE_TYPES_H
 
 /* Tensor element types, numbered exactly as ggml numbers them in GGUF files, and one
- * traits row per type. Everything that depends on a type's block layout goes through
- * this table, so adding a quantization type touches one place. */
+ * traits row per type: how it is stored (block size and bytes) and its reference
+ * conversions. Code that reads or writes a type's blocks goes through this table; code
+ * that computes with them goes through the kernel-traits table (src/kernels/ktraits.c).
+ * A new quantization type is a row in each, its block struct and reference conversions
+ * (src/tensor/quant_ref.{h,c}), and its kernels; src/kernels/ktraits.h lists the places. */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -73,5 +76,10 @@ float blade_fp16_to_fp32(uint16_t h);
 uint16_t blade_fp32_to_fp16(float f);
 float blade_bf16_to_fp32(uint16_t h);
 uint16_t blade_fp32_to_bf16(float f);
+/* OCP FP8 E4M3 (largest value 448, no infinities): round to nearest even, values beyond
+ * +-448 (infinities included) saturate to +-448, NaN stays NaN (0x7f / 0xff), which
+ * converts back to the quiet NaN 0x7fc00000 with its sign. */
+float blade_e4m3_to_fp32(uint8_t b);
+uint8_t blade_fp32_to_e4m3(float f);
 
 #endif

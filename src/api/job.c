@@ -1,126 +1,19 @@
-#include "api/api.h"
+/* A job's life (job.h): its prompts submitted to the engine, the engine callback that
+ * copies each event to the sink (the one part that runs on the engine thread), the events
+ * applied to their choices as the consumer takes them, and the job's status and usage.
+ * The shapes of what the client reads are response.c's. */
+
+#include "api/job_internal.h"
 
 #include "blade/model.h"
 #include "blade/tokenizer.h"
+#include "common/clock.h"
 
-#include <math.h>
 #include <openssl/rand.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <time.h>
-#include <unistd.h>
-
-/* ---- the sink ---- */
-
-int api_sink_init(api_sink *s, blade_error *err)
-{
-    memset(s, 0, sizeof *s);
-    s->fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (s->fd < 0)
-        return blade_error_set(err, "cannot create an eventfd");
-    pthread_mutex_init(&s->mu, NULL);
-    return 0;
-}
-
-void api_sink_destroy(api_sink *s)
-{
-    api_event *ev = s->head;
-    while (ev) {
-        api_event *next = ev->next;
-        api_event_free(ev);
-        ev = next;
-    }
-    if (s->fd >= 0) {
-        close(s->fd);
-        pthread_mutex_destroy(&s->mu);
-    }
-    s->fd = -1;
-}
-
-static void sink_push(api_sink *s, api_event *ev)
-{
-    ev->next = NULL;
-    pthread_mutex_lock(&s->mu);
-    if (s->tail)
-        s->tail->next = ev;
-    else
-        s->head = ev;
-    s->tail = ev;
-    pthread_mutex_unlock(&s->mu);
-    uint64_t one = 1;
-    /* The counter cannot overflow in practice, and a full counter is still readable, which
-     * is all a consumer waits for. */
-    ssize_t w = write(s->fd, &one, sizeof one);
-    (void)w;
-}
-
-api_event *api_sink_take(api_sink *s)
-{
-    uint64_t count;
-    ssize_t r = read(s->fd, &count, sizeof count);
-    (void)r;
-    pthread_mutex_lock(&s->mu);
-    api_event *list = s->head;
-    s->head = s->tail = NULL;
-    pthread_mutex_unlock(&s->mu);
-    return list;
-}
-
-void api_event_free(api_event *ev)
-{
-    if (ev && !ev->preallocated)
-        free(ev);
-}
-
-/* ---- jobs ---- */
-
-typedef struct job_prompt {
-    api_job *job;
-    int32_t index;
-    uint64_t id; /* 0: not submitted */
-} job_prompt;
-
-typedef struct api_choice {
-    api_buf text;
-    json_t *logprobs; /* the non-streaming response's logprobs, built as tokens arrive */
-    size_t offset;    /* text_offset of the next token */
-    int32_t completion_tokens;
-    blade_finish_reason finish;
-    bool finished;
-    double t_first, t_last;
-    api_event *spare; /* the finish event, should memory run out on the engine thread */
-} api_choice;
-
-struct api_job {
-    const api_model *am;
-    api_request req;
-    job_prompt *prompts;
-    api_choice *choices;
-    int32_t n_choices;
-    int32_t running;
-    int32_t *prompt_tokens;
-    int32_t *cached_tokens;
-    atomic_bool lost; /* a token event could not be copied */
-    api_sink *sink;
-    api_error error; /* status 0 while the job is fine */
-    api_error lost_error;
-    char id[48];
-    long long created;
-    double t_start;
-    char *piece;
-    size_t piece_cap;
-    void *user;
-};
-
-static double mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Runs on the engine thread: copy and hand over, nothing else. */
 static void on_event(const blade_token_event *ev)
@@ -155,7 +48,7 @@ static void on_event(const blade_token_event *ev)
     e->cached_tokens = ev->cached_tokens;
     e->queue_seconds = ev->queue_seconds;
     e->ttft_seconds = ev->ttft_seconds;
-    e->t = mono_now();
+    e->t = blade_clock_seconds();
     e->text = e->storage;
     if (!pre) {
         memcpy(e->storage, ev->text, ev->text_len);
@@ -166,7 +59,7 @@ static void on_event(const blade_token_event *ev)
             e->error = e->storage + ev->text_len + 1;
         }
     }
-    sink_push(job->sink, e);
+    api_sink_push(job->sink, e);
 }
 
 static void random_id(char *out, size_t cap, const char *prefix)
@@ -344,231 +237,6 @@ void api_job_usage(const api_job *job, int64_t *prompt, int64_t *completion, int
     *cached = k;
 }
 
-/* ---- JSON pieces ---- */
-
-/* Length of the valid UTF-8 sequence at s (1..4), or 0 when it is not one. */
-static size_t utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    size_t len;
-    uint32_t cp;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        len = 2, cp = c & 0x1F;
-    else if (c >= 0xE0 && c <= 0xEF)
-        len = 3, cp = c & 0x0F;
-    else if (c >= 0xF0 && c <= 0xF4)
-        len = 4, cp = c & 0x07;
-    else
-        return 0;
-    if (len > n)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-        return 0;
-    return len;
-}
-
-/* A JSON string of arbitrary bytes: a token can be part of a character (byte-fallback
- * tokens), which becomes U+FFFD, as OpenAI shows it. */
-static json_t *text_json(const char *s, size_t n)
-{
-    json_t *v = json_stringn(s, n);
-    if (v)
-        return v;
-    api_buf b = {0};
-    const unsigned char *u = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq(u + i, n - i);
-        if (k) {
-            api_buf_append(&b, s + i, k);
-            i += k;
-        } else {
-            api_buf_append(&b, "\xEF\xBF\xBD", 3);
-            i++;
-        }
-    }
-    v = json_stringn(b.data ? b.data : "", b.len);
-    api_buf_free(&b);
-    return v ? v : json_string("");
-}
-
-/* OpenAI reports impossible tokens as -9999; JSON has no -Infinity. */
-static json_t *logprob_json(float lp)
-{
-    return json_real(isfinite(lp) ? (double)lp : -9999.0);
-}
-
-static size_t token_piece(api_job *job, int32_t id)
-{
-    size_t n = blade_tokenizer_token_bytes(job->am->model->tokenizer, id, false, job->piece, job->piece_cap);
-    return n < job->piece_cap ? n : job->piece_cap;
-}
-
-static json_t *bytes_json(const char *s, size_t n)
-{
-    json_t *a = json_array();
-    for (size_t i = 0; i < n; i++)
-        json_array_append_new(a, json_integer((unsigned char)s[i]));
-    return a;
-}
-
-/* Chat: one entry of logprobs.content. */
-static json_t *chat_logprob(api_job *job, const api_event *ev)
-{
-    size_t n = token_piece(job, ev->token);
-    json_t *entry = json_object();
-    json_object_set_new(entry, "token", text_json(job->piece, n));
-    json_object_set_new(entry, "logprob", logprob_json(ev->logprob));
-    json_object_set_new(entry, "bytes", bytes_json(job->piece, n));
-    json_t *top = json_array();
-    for (int32_t i = 0; i < ev->n_top; i++) {
-        size_t k = token_piece(job, ev->top_ids[i]);
-        json_t *alt = json_object();
-        json_object_set_new(alt, "token", text_json(job->piece, k));
-        json_object_set_new(alt, "logprob", logprob_json(ev->top_logprobs[i]));
-        json_object_set_new(alt, "bytes", bytes_json(job->piece, k));
-        json_array_append_new(top, alt);
-    }
-    json_object_set_new(entry, "top_logprobs", top);
-    return entry;
-}
-
-static json_t *completion_logprobs_new(void)
-{
-    json_t *o = json_object();
-    json_object_set_new(o, "tokens", json_array());
-    json_object_set_new(o, "token_logprobs", json_array());
-    json_object_set_new(o, "top_logprobs", json_array());
-    json_object_set_new(o, "text_offset", json_array());
-    return o;
-}
-
-/* Completions: appends one token to the four parallel arrays. As OpenAI does, the top
- * alternatives always include the sampled token, so there may be logprobs + 1 of them. */
-static void completion_logprob_add(api_job *job, api_choice *c, const api_event *ev, json_t *lp)
-{
-    size_t n = token_piece(job, ev->token);
-    json_array_append_new(json_object_get(lp, "tokens"), text_json(job->piece, n));
-    json_array_append_new(json_object_get(lp, "token_logprobs"), logprob_json(ev->logprob));
-    json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)c->offset));
-    c->offset += n;
-    json_t *top = json_object();
-    for (int32_t i = 0; i < ev->n_top; i++) {
-        size_t k = token_piece(job, ev->top_ids[i]);
-        json_t *key = text_json(job->piece, k);
-        json_object_set_new(top, json_string_value(key), logprob_json(ev->top_logprobs[i]));
-        json_decref(key);
-    }
-    n = token_piece(job, ev->token);
-    json_t *key = text_json(job->piece, n);
-    if (!json_object_get(top, json_string_value(key)))
-        json_object_set_new(top, json_string_value(key), logprob_json(ev->logprob));
-    json_decref(key);
-    json_array_append_new(json_object_get(lp, "top_logprobs"), top);
-}
-
-static const char *finish_name(blade_finish_reason r)
-{
-    return r == BLADE_FINISH_LENGTH ? "length" : "stop";
-}
-
-static json_t *usage_json(const api_job *job)
-{
-    int64_t p, c, k;
-    api_job_usage(job, &p, &c, &k);
-    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)p, "completion_tokens", (json_int_t)c,
-                     "total_tokens", (json_int_t)(p + c), "prompt_tokens_details", "cached_tokens", (json_int_t)k);
-}
-
-static json_t *envelope(const api_job *job, const char *object)
-{
-    return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", job->id, "object", object, "created",
-                     (json_int_t)job->created, "model", job->am->names[0], "system_fingerprint",
-                     job->am->fingerprint);
-}
-
-/* ---- streaming ---- */
-
-static void sse_json(api_buf *sse, json_t *j)
-{
-    char *s = json_dumps(j, JSON_COMPACT);
-    if (!s) {
-        sse->failed = true;
-        return;
-    }
-    api_buf_append(sse, "data: ", 6);
-    api_buf_append(sse, s, strlen(s));
-    api_buf_append(sse, "\n\n", 2);
-    free(s);
-}
-
-/* One chunk carrying one choice's update. */
-static void sse_chunk(api_job *job, api_buf *sse, int32_t index, const char *text, size_t len, bool role,
-                      json_t *logprobs, const char *finish)
-{
-    bool chat = job->req.ep == API_CHAT;
-    json_t *chunk = envelope(job, chat ? "chat.completion.chunk" : "text_completion");
-    json_t *choice = json_object();
-    json_object_set_new(choice, "index", json_integer(index));
-    if (chat) {
-        json_t *delta = json_object();
-        if (role)
-            json_object_set_new(delta, "role", json_string("assistant"));
-        if (text)
-            json_object_set_new(delta, "content", text_json(text, len));
-        json_object_set_new(choice, "delta", delta);
-    } else {
-        json_object_set_new(choice, "text", text_json(text ? text : "", text ? len : 0));
-    }
-    json_object_set_new(choice, "logprobs", logprobs ? logprobs : json_null());
-    json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
-    json_t *choices = json_array();
-    json_array_append_new(choices, choice);
-    json_object_set_new(chunk, "choices", choices);
-    if (job->req.include_usage)
-        json_object_set_new(chunk, "usage", json_null());
-    sse_json(sse, chunk);
-    json_decref(chunk);
-}
-
-void api_job_stream_start(api_job *job, api_buf *sse)
-{
-    for (int32_t i = 0; i < job->n_choices; i++) {
-        if (job->req.ep == API_CHAT) {
-            sse_chunk(job, sse, i, "", 0, true, NULL, NULL);
-        } else if (job->req.echo) {
-            const api_prompt *p = &job->req.prompts[i / job->req.n];
-            sse_chunk(job, sse, i, p->text, p->text_len, false, NULL, NULL);
-        }
-    }
-}
-
-void api_job_stream_end(const api_job *job, api_buf *sse)
-{
-    int status = api_job_status(job);
-    if (status != 200) {
-        json_t *e = api_error_json(api_job_error(job));
-        sse_json(sse, e);
-        json_decref(e);
-    } else if (job->req.include_usage) {
-        bool chat = job->req.ep == API_CHAT;
-        json_t *chunk = envelope(job, chat ? "chat.completion.chunk" : "text_completion");
-        json_object_set_new(chunk, "choices", json_array());
-        json_object_set_new(chunk, "usage", usage_json(job));
-        sse_json(sse, chunk);
-        json_decref(chunk);
-    }
-    api_buf_append(sse, "data: [DONE]\n\n", 14);
-}
-
-/* ---- applying events ---- */
-
 void api_job_apply(api_job *job, const api_event *ev, api_buf *sse, api_timing *timing)
 {
     int32_t index = ev->prompt * job->req.n + ev->choice;
@@ -579,7 +247,6 @@ void api_job_apply(api_job *job, const api_event *ev, api_buf *sse, api_timing *
     timing->tpot = -1;
     if (c->finished)
         return;
-    bool chat = job->req.ep == API_CHAT;
 
     json_t *lp = NULL;
     if (ev->token >= 0) {
@@ -592,34 +259,19 @@ void api_job_apply(api_job *job, const api_event *ev, api_buf *sse, api_timing *
         bool eog = ev->finish == BLADE_FINISH_STOP && blade_tokenizer_is_eog(tok, ev->token);
         if (job->req.logprobs >= 0 && !eog) {
             if (sse) {
-                if (chat) {
-                    lp = json_pack("{s:[], s:n}", "content", "refusal");
-                    json_array_append_new(json_object_get(lp, "content"), chat_logprob(job, ev));
-                } else {
-                    lp = completion_logprobs_new();
-                    completion_logprob_add(job, c, ev, lp);
-                }
+                lp = job_logprobs_new(job);
+                job_logprobs_add(job, c, ev, lp);
             } else {
                 if (!c->logprobs)
-                    c->logprobs = chat ? json_pack("{s:[], s:n}", "content", "refusal") : completion_logprobs_new();
-                if (chat)
-                    json_array_append_new(json_object_get(c->logprobs, "content"), chat_logprob(job, ev));
-                else
-                    completion_logprob_add(job, c, ev, c->logprobs);
+                    c->logprobs = job_logprobs_new(job);
+                job_logprobs_add(job, c, ev, c->logprobs);
             }
         }
     }
-    bool ends = ev->finish == BLADE_FINISH_STOP || ev->finish == BLADE_FINISH_LENGTH;
-    if (sse) {
-        if (ev->text_len || lp)
-            sse_chunk(job, sse, index, ev->text, ev->text_len, false, lp, NULL);
-        else
-            json_decref(lp);
-        if (ends)
-            sse_chunk(job, sse, index, chat ? NULL : "", 0, false, NULL, finish_name(ev->finish));
-    } else {
+    if (sse)
+        job_stream_event(job, sse, index, ev, lp);
+    else
         api_buf_append(&c->text, ev->text, ev->text_len);
-    }
     if (ev->finish == BLADE_FINISH_NONE)
         return;
 
@@ -648,46 +300,4 @@ void api_job_apply(api_job *job, const api_event *ev, api_buf *sse, api_timing *
     timing->first_of_prompt = ev->choice == 0;
     timing->prompt_tokens = ev->prompt_tokens;
     timing->cached_tokens = ev->cached_tokens;
-}
-
-json_t *api_job_response(const api_job *job)
-{
-    if (api_job_status(job) != 200)
-        return api_error_json(api_job_error(job));
-    bool chat = job->req.ep == API_CHAT;
-    json_t *resp = envelope(job, chat ? "chat.completion" : "text_completion");
-    json_t *choices = json_array();
-    for (int32_t i = 0; i < job->n_choices; i++) {
-        const api_choice *c = &job->choices[i];
-        json_t *choice = json_object();
-        json_object_set_new(choice, "index", json_integer(i));
-        const char *text = c->text.data ? c->text.data : "";
-        if (chat) {
-            json_t *msg = json_object();
-            json_object_set_new(msg, "role", json_string("assistant"));
-            json_object_set_new(msg, "content", text_json(text, c->text.len));
-            json_object_set_new(msg, "refusal", json_null());
-            json_object_set_new(choice, "message", msg);
-        } else if (job->req.echo) {
-            const api_prompt *p = &job->req.prompts[i / job->req.n];
-            api_buf b = {0};
-            api_buf_append(&b, p->text, p->text_len);
-            api_buf_append(&b, text, c->text.len);
-            json_object_set_new(choice, "text", text_json(b.data ? b.data : "", b.len));
-            api_buf_free(&b);
-        } else {
-            json_object_set_new(choice, "text", text_json(text, c->text.len));
-        }
-        json_t *lp = c->logprobs;
-        if (!lp && job->req.logprobs >= 0)
-            lp = chat ? json_pack("{s:[], s:n}", "content", "refusal") : completion_logprobs_new();
-        else
-            json_incref(lp);
-        json_object_set_new(choice, "logprobs", lp ? lp : json_null());
-        json_object_set_new(choice, "finish_reason", json_string(finish_name(c->finish)));
-        json_array_append_new(choices, choice);
-    }
-    json_object_set_new(resp, "choices", choices);
-    json_object_set_new(resp, "usage", usage_json(job));
-    return resp;
 }

@@ -1,4 +1,9 @@
-#include "api/api.h"
+/* The served model as the protocol presents it (model.h): the names a request may use,
+ * the system fingerprint (a digest of the model's metadata and tensor table, so it changes
+ * when the model does), the chat template from --chat-template or the model's metadata,
+ * and the /v1/models objects. */
+
+#include "api/model.h"
 
 #include "common/file.h"
 

@@ -1,4 +1,12 @@
-#include "api/api.h"
+/* Request bodies as clients send them, checked into an api_request (request.h): every
+ * parameter's type and range, prompts as text, token arrays or lists of either, chat
+ * messages rendered through the template, and the lengths against the context and the KV
+ * pool. Each refusal is a 400 naming the parameter, in OpenAI's words where it has some;
+ * parameters blade knows but does not implement are refused rather than ignored. */
+
+#include "api/request.h"
+
+#include "api/buf.h"
 
 #include "blade/model.h"
 #include "blade/tokenizer.h"

@@ -1,3 +1,7 @@
+/* The memory read bandwidth of the machine and simple statistics for `blade bench`
+ * (bench.h): the roofline single-sequence decode is measured against, read with every
+ * thread of the pool the way the matrix kernels stream weights. */
+
 #include "blade/bench.h"
 
 #include "kernels/stream_ahead.h"

@@ -149,7 +149,7 @@ static bool char_in(uint32_t cp, const tv_str *chars)
         return tmpl_py_isspace(cp);
     for (size_t i = 0; i < chars->len;) {
         uint32_t c;
-        i += tmpl_utf8_decode(chars->s + i, chars->len - i, &c);
+        i += blade_utf8_decode(chars->s + i, chars->len - i, &c);
         if (c == cp)
             return true;
     }
@@ -163,7 +163,7 @@ static bool strip(jrun *R, const tv_str *s, const tv_str *chars, bool left, bool
     uint64_t per_char = 1 + (chars ? TMPL_SCAN_COST(chars->len) : 0);
     while (left && b < e && tmpl_charge(R, per_char)) {
         uint32_t cp;
-        size_t n = tmpl_utf8_decode(s->s + b, e - b, &cp);
+        size_t n = blade_utf8_decode(s->s + b, e - b, &cp);
         if (!char_in(cp, chars))
             break;
         b += n;
@@ -171,7 +171,7 @@ static bool strip(jrun *R, const tv_str *s, const tv_str *chars, bool left, bool
     while (right && e > b && tmpl_charge(R, per_char)) {
         size_t p = prev_start(s->s, b, e);
         uint32_t cp;
-        tmpl_utf8_decode(s->s + p, e - p, &cp);
+        blade_utf8_decode(s->s + p, e - p, &cp);
         if (!char_in(cp, chars))
             break;
         e = p;
@@ -193,7 +193,7 @@ static bool change_case(jrun *R, const tv_str *s, int mode, tv *out)
     bool prev_cased = false, word_start = true, ok = true;
     for (size_t i = 0, k = 0; ok && i < s->len; k++) {
         uint32_t cp, m;
-        size_t n = tmpl_utf8_decode(s->s + i, s->len - i, &cp);
+        size_t n = blade_utf8_decode(s->s + i, s->len - i, &cp);
         bool up;
         switch (mode) {
         case CASE_UPPER: up = true; break;
@@ -252,7 +252,7 @@ static int64_t cp_index(jrun *R, const tv_str *s, size_t off)
     int64_t n = 0;
     for (size_t i = 0; i < off;) {
         uint32_t cp;
-        i += tmpl_utf8_decode(s->s + i, off - i, &cp);
+        i += blade_utf8_decode(s->s + i, off - i, &cp);
         n++;
     }
     return n;
@@ -296,7 +296,7 @@ static bool split(jrun *R, const tv_str *s, const tv_str *sep, int64_t maxsplit,
             }
             while (j < s->len && !tmpl_py_space_len(s->s + j, s->len - j)) {
                 uint32_t cp;
-                j += tmpl_utf8_decode(s->s + j, s->len - j, &cp);
+                j += blade_utf8_decode(s->s + j, s->len - j, &cp);
             }
             ok = tmpl_str_val(R, s->s + i, j - i, &item) && tmpl_list_push(R, l, item);
             i = j;
@@ -372,7 +372,7 @@ static bool split(jrun *R, const tv_str *s, const tv_str *sep, int64_t maxsplit,
 static size_t line_break(const char *s, size_t len, size_t i)
 {
     uint32_t cp;
-    size_t n = tmpl_utf8_decode(s + i, len - i, &cp);
+    size_t n = blade_utf8_decode(s + i, len - i, &cp);
     if (cp == '\r' && i + 1 < len && s[i + 1] == '\n')
         return 2;
     if (cp == '\n' || cp == '\r' || cp == 0x0B || cp == 0x0C || (cp >= 0x1C && cp <= 0x1E) || cp == 0x85 ||
@@ -390,7 +390,7 @@ static bool splitlines(jrun *R, const tv_str *s, bool keepends, tv_list **out)
         size_t br = line_break(s->s, s->len, i);
         if (!br) {
             uint32_t cp;
-            i += tmpl_utf8_decode(s->s + i, s->len - i, &cp);
+            i += blade_utf8_decode(s->s + i, s->len - i, &cp);
             continue;
         }
         tv item;
@@ -427,7 +427,7 @@ static bool replace(jrun *R, const tv_str *s, const tv_str *old, const tv_str *w
                 break;
             }
             uint32_t cp;
-            size_t n = tmpl_utf8_decode(s->s + i, s->len - i, &cp);
+            size_t n = blade_utf8_decode(s->s + i, s->len - i, &cp);
             ok = ok && tmpl_sb_put(R, &b, s->s + i, n);
             i += n;
         }
@@ -596,7 +596,7 @@ static bool str_cased_all(jrun *R, const tv_str *s, bool upper, bool *out)
     bool any = false;
     for (size_t i = 0; i < s->len;) {
         uint32_t cp;
-        i += tmpl_utf8_decode(s->s + i, s->len - i, &cp);
+        i += blade_utf8_decode(s->s + i, s->len - i, &cp);
         if (!tmpl_uni_cased(cp))
             continue;
         any = true;
@@ -860,7 +860,7 @@ static bool fmt_one(jrun *R, strbuf *b, tv v, char conv, const char *flags, int6
             size_t off = 0;
             for (int64_t i = 0; i < prec; i++) {
                 uint32_t cp;
-                off += tmpl_utf8_decode(str->s + off, str->len - off, &cp);
+                off += blade_utf8_decode(str->s + off, str->len - off, &cp);
             }
             len = off;
             ncp = (size_t)prec;
@@ -1607,7 +1607,7 @@ static bool string_filter(jrun *R, int id, const char *name, tv v, argv_ *a, tv 
         ok = no_args(R, name, a) && tmpl_charge(R, TMPL_SCAN_COST(str->len));
         for (size_t i = 0; ok && i < str->len;) {
             uint32_t cp;
-            i += tmpl_utf8_decode(str->s + i, str->len - i, &cp);
+            i += blade_utf8_decode(str->s + i, str->len - i, &cp);
             bool w = cp == '_' || (cp >= '0' && cp <= '9') || tmpl_uni_cased(cp) || (cp >= 0x80 && !tmpl_py_isspace(cp) &&
                                                                                  !(cp >= 0x2000 && cp <= 0x206F) &&
                                                                                  !(cp >= 0x3000 && cp <= 0x303F));
@@ -2130,7 +2130,7 @@ static bool str_method(jrun *R, const tv_str *s, const char *name, argv_ *a, tv 
                    !strcmp(name, "isalnum")) {
             for (size_t i = 0; i < s->len && all;) {
                 uint32_t cp;
-                i += tmpl_utf8_decode(s->s + i, s->len - i, &cp);
+                i += blade_utf8_decode(s->s + i, s->len - i, &cp);
                 bool digit = cp >= '0' && cp <= '9';
                 bool alpha = tmpl_uni_cased(cp) || (cp >= 0x3040 && cp <= 0x30FF) || (cp >= 0x4E00 && cp <= 0x9FFF) ||
                              (cp >= 0xAC00 && cp <= 0xD7AF);

@@ -118,7 +118,7 @@ static size_t cp_offset(jrun *R, const tv_str *s, size_t ncp, size_t index)
     size_t off = 0;
     for (size_t i = 0; i < index; i++) {
         uint32_t cp;
-        off += tmpl_utf8_decode(s->s + off, s->len - off, &cp);
+        off += blade_utf8_decode(s->s + off, s->len - off, &cp);
     }
     tmpl_debit(R, TMPL_SCAN_COST(off));
     return off;
@@ -144,7 +144,7 @@ bool tmpl_getitem(jrun *R, tv obj, tv key, tv *out)
         tv_str *s = tv_s(obj);
         size_t off = cp_offset(R, s, n, (size_t)i);
         uint32_t cp;
-        size_t len = tmpl_utf8_decode(s->s + off, s->len - off, &cp);
+        size_t len = blade_utf8_decode(s->s + off, s->len - off, &cp);
         return tmpl_str_val(R, s->s + off, len, out);
     }
     if (obj.kind == TV_DICT) {
@@ -267,7 +267,7 @@ static bool eval_slice(jrun *R, frame *fr, const expr *e, tv *out)
             for (size_t i = 0; i < ncp; i++) {
                 uint32_t cp;
                 offs[i] = off;
-                off += tmpl_utf8_decode(s->s + off, s->len - off, &cp);
+                off += blade_utf8_decode(s->s + off, s->len - off, &cp);
             }
             offs[ncp] = off;
             for (int64_t k = 0; ok && k < count; k++) {
@@ -311,7 +311,7 @@ bool tmpl_iterate(jrun *R, tv v, tv_list **out)
         tv_list *l = tmpl_list_new(R, tmpl_str_ncp(R, s), false);
         for (size_t i = 0; l && i < s->len;) {
             uint32_t cp;
-            size_t n = tmpl_utf8_decode(s->s + i, s->len - i, &cp);
+            size_t n = blade_utf8_decode(s->s + i, s->len - i, &cp);
             tv c;
             if (!tmpl_str_val(R, s->s + i, n, &c) || !tmpl_list_push(R, l, c)) {
                 tv_release(tv_obj_val(TV_LIST, l));

@@ -8,6 +8,7 @@
  * capped: the limits below are what a hostile template runs into, each with its own error. */
 
 #include "blade/chat_template.h"
+#include "common/utf8.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -534,8 +535,7 @@ typedef struct json_opts {
 } json_opts;
 bool tv_write_json(jrun *R, strbuf *b, tv v, const json_opts *o, int level);
 
-/* UTF-8 and Python character classes */
-size_t tmpl_utf8_decode(const char *s, size_t len, uint32_t *cp); /* bytes used, >= 1 */
+/* Python character classes (UTF-8 itself: common/utf8.h) */
 bool tmpl_py_isspace(uint32_t cp);
 uint32_t tmpl_uni_upper(uint32_t cp);
 uint32_t tmpl_uni_lower(uint32_t cp);

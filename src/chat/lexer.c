@@ -409,7 +409,7 @@ static int lex_tag(lexer *lx, bool block, int open_line)
         if (k == sizeof ops / sizeof ops[0]) {
             char shown[8] = {0};
             uint32_t cp;
-            memcpy(shown, lx->src + p, tmpl_utf8_decode(lx->src + p, lx->len - p, &cp));
+            memcpy(shown, lx->src + p, blade_utf8_decode(lx->src + p, lx->len - p, &cp));
             return lex_fail(lx, "unexpected character '%s'", shown);
         }
         op_kind op = ops[k].op;

@@ -63,7 +63,7 @@ static void clean_message(blade_error *err)
     size_t len = strlen(err->msg);
     for (size_t i = 0; i < len;) {
         uint32_t cp;
-        size_t n = tmpl_utf8_decode(err->msg + i, len - i, &cp);
+        size_t n = blade_utf8_decode(err->msg + i, len - i, &cp);
         if (n == 1 && (unsigned char)err->msg[i] >= 0x80)
             err->msg[i] = '?';
         i += n;

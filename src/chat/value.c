@@ -185,7 +185,7 @@ static size_t count_cp(const char *s, size_t len)
     size_t n = 0;
     for (size_t i = 0; i < len;) {
         uint32_t cp;
-        i += tmpl_utf8_decode(s + i, len - i, &cp);
+        i += blade_utf8_decode(s + i, len - i, &cp);
         n++;
     }
     return n;
@@ -732,7 +732,7 @@ static bool write_str_repr(jrun *R, strbuf *b, const tv_str *s)
         return false;
     for (size_t i = 0; i < s->len;) {
         uint32_t c;
-        size_t n = tmpl_utf8_decode(s->s + i, s->len - i, &c);
+        size_t n = blade_utf8_decode(s->s + i, s->len - i, &c);
         char esc[16];
         const char *rep = NULL;
         if (c == (uint32_t)q || c == '\\') {
@@ -1008,7 +1008,7 @@ static bool json_write_string(jrun *R, strbuf *b, const char *s, size_t len, boo
             rep = esc;
         } else if (ensure_ascii && c >= 0x80) {
             uint32_t cp;
-            n = tmpl_utf8_decode(s + i, len - i, &cp);
+            n = blade_utf8_decode(s + i, len - i, &cp);
             if (cp >= 0x10000)
                 snprintf(esc, sizeof esc, "\\u%04x\\u%04x", 0xD800 + ((cp - 0x10000) >> 10),
                          0xDC00 + ((cp - 0x10000) & 0x3FF));
@@ -1137,36 +1137,7 @@ bool tv_write_json(jrun *R, strbuf *b, tv v, const json_opts *o, int level)
     }
 }
 
-/* ---- UTF-8 and character classes ---- */
-
-size_t tmpl_utf8_decode(const char *s, size_t len, uint32_t *cp)
-{
-    const unsigned char *u = (const unsigned char *)s;
-    unsigned char c = u[0];
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    size_t n = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
-    if (c >= 0xF5)
-        n = 0;
-    if (!n || n > len)
-        goto bad;
-    uint32_t v = n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
-    for (size_t i = 1; i < n; i++) {
-        if ((u[i] & 0xC0) != 0x80)
-            goto bad;
-        v = (v << 6) | (u[i] & 0x3F);
-    }
-    if ((n == 3 && (v < 0x800 || (v >= 0xD800 && v < 0xE000))) || (n == 4 && (v < 0x10000 || v > 0x10FFFF)))
-        goto bad;
-    *cp = v;
-    return n;
-bad:
-    *cp = 0xFFFD;
-    return 1;
-}
-
+/* ---- character classes ---- */
 
 bool tmpl_py_isspace(uint32_t c)
 {
@@ -1179,7 +1150,7 @@ size_t tmpl_py_space_len(const char *s, size_t len)
     if (!len)
         return 0;
     uint32_t cp;
-    size_t n = tmpl_utf8_decode(s, len, &cp);
+    size_t n = blade_utf8_decode(s, len, &cp);
     return (cp != 0xFFFD || n != 1) && tmpl_py_isspace(cp) ? n : 0;
 }
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -60,6 +61,34 @@ const char *cli_default_model(void)
 {
     static const char path[] = "../shared/models/stories260K.gguf";
     return access(path, R_OK) == 0 ? path : NULL;
+}
+
+bool cli_same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+volatile sig_atomic_t cli_interrupted;
+
+static void on_interrupt(int sig)
+{
+    (void)sig;
+    cli_interrupted = 1;
+}
+
+void cli_interrupts_catch(cli_signals *saved)
+{
+    struct sigaction sa = {.sa_handler = on_interrupt};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &saved->old_int);
+    sigaction(SIGTERM, &sa, &saved->old_term);
+}
+
+void cli_interrupts_restore(const cli_signals *saved)
+{
+    sigaction(SIGINT, &saved->old_int, NULL);
+    sigaction(SIGTERM, &saved->old_term, NULL);
 }
 
 long long cli_raise_fd_limit(void)

@@ -4,6 +4,7 @@
 /* Helpers shared by the subcommands: strict number parsing (a typo in a flag is an
  * error, never a silent zero), file slurping and timing. */
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -16,6 +17,19 @@ double cli_now(void);
 /* The default model: ../shared/models/stories260K.gguf relative to the working directory
  * when present, else NULL. */
 const char *cli_default_model(void);
+/* Whether two paths name the same file (device and inode), so that a command refuses to
+ * write its output over one of its inputs. */
+bool cli_same_file(const char *a, const char *b);
+
+/* Long conversions stop between steps when Ctrl-C (or SIGTERM) sets cli_interrupted while
+ * cli_interrupts_catch is in effect, and leave no output behind; cli_interrupts_restore puts
+ * the previous handlers back. */
+extern volatile sig_atomic_t cli_interrupted;
+typedef struct cli_signals {
+    struct sigaction old_int, old_term;
+} cli_signals;
+void cli_interrupts_catch(cli_signals *saved);
+void cli_interrupts_restore(const cli_signals *saved);
 /* Raises the soft limit on open files to the hard one (servers and load generators hold a
  * socket per connection); returns the limit now in force. */
 long long cli_raise_fd_limit(void);

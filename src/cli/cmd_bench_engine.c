@@ -250,16 +250,58 @@ static void interference_workload(const blade_model *m, workload *w, int32_t lon
 
 static void print_row(const char *name, const run_result *r, const char *extra)
 {
-    printf("| %-34s | %8.1f | %9.2f | %10.3f | %10.3f | %s\n", name, r->seconds, r->throughput, r->mean_ttft,
-           r->max_gap, extra);
+    printf("| %-34s | %8.1f | %9.2f | %10.3f | %10.3f | %7llu | %s\n", name, r->seconds, r->throughput, r->mean_ttft,
+           r->max_gap, (unsigned long long)r->stats.preemptions, extra);
 }
 
 static void print_header(void)
 {
-    printf("| %-34s | %8s | %9s | %10s | %10s | notes\n", "configuration", "time s", "tokens/s", "mean TTFT s",
-           "max gap s");
-    printf("| %-34s | %8s | %9s | %10s | %10s | -----\n", "----------------------------------", "--------",
-           "---------", "----------", "----------");
+    printf("| %-34s | %8s | %9s | %10s | %10s | %7s | notes\n", "configuration", "time s", "tokens/s", "mean TTFT s",
+           "max gap s", "preempt");
+    printf("| %-34s | %8s | %9s | %10s | %10s | %7s | -----\n", "----------------------------------", "--------",
+           "---------", "----------", "----------", "-------");
+}
+
+/* A run and the workload's own reading of it: shared-prefix's TTFT leaves out the warm-up
+ * request, interference's gap is the decoders'. */
+static int run_workload(const blade_model *m, const cli_engine_options *o, const workload *w, const char *wl,
+                        run_result *out)
+{
+    if (run(m, o, w, out))
+        return -1;
+    if (!strcmp(wl, "shared-prefix")) {
+        double ttft = 0;
+        for (int i = 1; i < w->n; i++)
+            ttft += w->reqs[i].t_first - w->reqs[i].t_submit;
+        out->mean_ttft = ttft / (w->n - 1);
+    } else if (!strcmp(wl, "interference")) {
+        double gap = 0;
+        for (int i = 0; i < 8; i++)
+            gap = w->reqs[i].max_gap > gap ? w->reqs[i].max_gap : gap;
+        out->max_gap = gap;
+    }
+    return 0;
+}
+
+/* With a KV type other than f16, the default configuration once more with f16 KV in the
+ * same memory: what the narrower cache buys (fewer preemptions, more sequences at once). */
+static int compare_kv_type(const blade_model *m, const cli_engine_options *o, const workload *w, const char *wl,
+                           const run_result *a)
+{
+    if (o->cfg.kv_type == BLADE_KV_F16)
+        return 0;
+    cli_engine_options f16 = *o;
+    f16.cfg.kv_type = BLADE_KV_F16;
+    fprintf(stderr, "f16 KV in the same memory...\n");
+    run_result b;
+    if (run_workload(m, &f16, w, wl, &b))
+        return -1;
+    char note[160];
+    snprintf(note, sizeof note, "throughput %s/f16 = %.2fx, mean TTFT f16/%s = %.2fx, most running %d vs %d",
+             blade_kv_type_name(o->cfg.kv_type), a->throughput / b.throughput, blade_kv_type_name(o->cfg.kv_type),
+             b.mean_ttft / a->mean_ttft, a->stats.max_running, b.stats.max_running);
+    print_row("--kv-type f16 (same KV memory)", &b, note);
+    return 0;
 }
 
 static void bench_engine_usage(FILE *out)
@@ -274,7 +316,9 @@ static void bench_engine_usage(FILE *out)
             "  shared-prefix  16 requests sharing a 1024-token prefix + 32 own tokens, after one warm-up\n"
             "                 request: mean TTFT with vs --no-prefix-cache\n"
             "  interference   8 sequences decoding when a 2048-token prompt arrives: longest gap between\n"
-            "                 the decoders' tokens, chunked vs --no-chunked-prefill\n\n"
+            "                 the decoders' tokens, chunked vs --no-chunked-prefill\n"
+            "With --kv-type other than f16, every workload also runs its default configuration with f16\n"
+            "KV in the same --kv-mem: throughput and preemptions of the narrower cache against f16's.\n\n"
             "  -m, --model FILE    GGUF model\n"
             "  -w, --workload W    mixed, shared-prefix or interference\n"
             "      --seed N        workload seed (default 1)\n"
@@ -334,16 +378,17 @@ int cmd_bench_engine(int argc, char **argv)
     run_result a, b, c2;
     blade_kv_store_config one_token = blade_model_kv_config(&m->hp, o.cfg.kv_type, 1, 1);
     double kv_bytes_token = (double)blade_kv_store_block_bytes(&one_token);
-    printf("model: %s, threads: %d, KV %.2f GiB, step budget %d tokens, %d sequences\n\n", model_path,
-           o.cfg.n_threads, (double)o.cfg.kv_mem_bytes / 1073741824.0, o.cfg.sched.max_batch_tokens,
-           o.cfg.sched.max_seqs);
+    printf("model: %s, threads: %d, KV %.2f GiB of %s (%lld tokens), step budget %d tokens, %d sequences\n\n",
+           model_path, o.cfg.n_threads, (double)o.cfg.kv_mem_bytes / 1073741824.0, blade_kv_type_name(o.cfg.kv_type),
+           (long long)cli_kv_tokens(&m->hp, o.cfg.kv_type, o.cfg.block_size, o.cfg.kv_mem_bytes),
+           o.cfg.sched.max_batch_tokens, o.cfg.sched.max_seqs);
     if (!strcmp(wl, "mixed")) {
         mixed_workload(m, &w);
         cli_engine_options st = o, ct = o;
         st.cfg.sched.mode = BLADE_SCHED_STATIC;
         ct.cfg.sched.contiguous_kv = true;
         fprintf(stderr, "continuous batching, paged KV...\n");
-        if (run(m, &o, &w, &a))
+        if (run_workload(m, &o, &w, wl, &a))
             goto done;
         fprintf(stderr, "static batching...\n");
         if (run(m, &st, &w, &b))
@@ -359,6 +404,8 @@ int cmd_bench_engine(int argc, char **argv)
         print_row("--scheduler static", &b, note);
         snprintf(note, sizeof note, "KV utilisation %.1f%%", 100 * c2.stats.kv_utilisation);
         print_row("--kv-alloc contiguous", &c2, note);
+        if (compare_kv_type(m, &o, &w, wl, &a))
+            goto done;
         /* requests of this mix that fit in 1 GiB: what each allocator holds per request */
         double paged_tokens = 0, contiguous_tokens = 0;
         int32_t bs = o.cfg.block_size;
@@ -379,12 +426,8 @@ int cmd_bench_engine(int argc, char **argv)
         run_result *res[2] = {&a, &b};
         for (int k = 0; k < 2; k++) {
             fprintf(stderr, "%s...\n", k ? "--no-prefix-cache" : "prefix caching on");
-            if (run(m, cfgs[k], &w, res[k]))
+            if (run_workload(m, cfgs[k], &w, wl, res[k]))
                 goto done;
-            double ttft = 0;
-            for (int i = 1; i < w.n; i++)
-                ttft += w.reqs[i].t_first - w.reqs[i].t_submit;
-            res[k]->mean_ttft = ttft / (w.n - 1);
         }
         print_header();
         char note[160];
@@ -392,6 +435,8 @@ int cmd_bench_engine(int argc, char **argv)
         print_row("prefix caching (default)", &a, note);
         snprintf(note, sizeof note, "mean TTFT ratio = %.1fx", b.mean_ttft / a.mean_ttft);
         print_row("--no-prefix-cache", &b, note);
+        if (compare_kv_type(m, &o, &w, wl, &a))
+            goto done;
     } else if (!strcmp(wl, "interference")) {
         int32_t long_prompt = o.cfg.max_context - 1 < 2048 ? o.cfg.max_context - 1 : 2048;
         interference_workload(m, &w, long_prompt);
@@ -401,12 +446,8 @@ int cmd_bench_engine(int argc, char **argv)
         run_result *res[2] = {&a, &b};
         for (int k = 0; k < 2; k++) {
             fprintf(stderr, "%s...\n", k ? "--no-chunked-prefill" : "chunked prefill on");
-            if (run(m, cfgs[k], &w, res[k]))
+            if (run_workload(m, cfgs[k], &w, wl, res[k]))
                 goto done;
-            double gap = 0;
-            for (int i = 0; i < 8; i++)
-                gap = w.reqs[i].max_gap > gap ? w.reqs[i].max_gap : gap;
-            res[k]->max_gap = gap;
         }
         print_header();
         char note[160];
@@ -414,6 +455,8 @@ int cmd_bench_engine(int argc, char **argv)
         print_row("chunked prefill (default)", &a, note);
         snprintf(note, sizeof note, "longest-gap ratio = %.1fx", b.max_gap / a.max_gap);
         print_row("--no-chunked-prefill", &b, note);
+        if (compare_kv_type(m, &o, &w, wl, &a))
+            goto done;
     } else {
         fprintf(stderr, "error: unknown workload '%s' (mixed, shared-prefix, interference)\n", wl);
         rc = 2;

@@ -1,7 +1,6 @@
 /* `blade bench serve` (measure an OpenAI-compatible endpoint under a seeded workload) and
  * `blade bench ablation` (start blade serve once per configuration, from the naive
  * baseline adding one technique at a time, and measure each with the same workload). */
-#include "blade/gguf.h"
 #include "blade/tokenizer.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
@@ -423,34 +422,8 @@ static int run_load(const load_options *o, const target *t, const blade_tokenize
         lg_run_result_free(res);
         return -1;
     }
+    lg_summary_warn_client(stderr, sum);
     return 0;
-}
-
-typedef struct tokenizer_file {
-    gguf_file *gguf;
-    blade_tokenizer *tok;
-} tokenizer_file;
-
-static int tokenizer_open(tokenizer_file *tf, const char *path, blade_error *err)
-{
-    tf->tok = NULL;
-    if (!(tf->gguf = gguf_open(path, err)))
-        return -1;
-    if (!(tf->tok = blade_tokenizer_load(tf->gguf, err))) {
-        blade_error_prefix(err, "%s", path);
-        gguf_close(tf->gguf);
-        tf->gguf = NULL;
-        return -1;
-    }
-    return 0;
-}
-
-static void tokenizer_close(tokenizer_file *tf)
-{
-    blade_tokenizer_free(tf->tok);
-    gguf_close(tf->gguf);
-    tf->tok = NULL;
-    tf->gguf = NULL;
 }
 
 /* The first model GET /v1/models lists: its id and, when the server says (blade and vLLM
@@ -503,11 +476,14 @@ static void serve_usage(FILE *out)
             "(to the first text chunk), TPOT ((E2E - TTFT) / (output tokens - 1)), ITL (every gap between\n"
             "chunks) and E2E, goodput, failures by cause, and cost per million output and total tokens. Token\n"
             "counts are the server's usage when it reports one, else counted with the tokenizer. When the\n"
-            "endpoint is blade, /metrics is sampled every 0.5 s (KV blocks, prefix-cache hits).\n\n"
+            "endpoint is blade, /metrics is sampled every 0.5 s (KV blocks, prefix-cache hits). The client's\n"
+            "own CPU time and peak RSS are reported too, with a warning above 10%% of a core: on a machine\n"
+            "with few cores, such a client takes CPU time from the server it measures.\n\n"
             "      --url URL             the server's base URL (required)\n"
             "      --model NAME          the model to ask for (default: the first one GET /v1/models lists)\n"
-            "      --tokenizer GGUF      the tokenizer prompts are built and tokens counted with. Default: --model,\n"
-            "                            then the id /v1/models reports, if either is a GGUF file readable here\n"
+            "      --tokenizer GGUF      the tokenizer prompts are built and tokens counted with (its metadata\n"
+            "                            only: the weights are not read). Default: --model, then the id\n"
+            "                            /v1/models reports, if either is a GGUF file readable here\n"
             "                            (start blade serve with --alias /path/to/model.gguf, or pass this)\n"
             "      --report FILE.html    a self-contained page with latency distributions, throughput and\n"
             "                            in-flight requests over time, and blade's KV and prefix-cache figures\n"
@@ -580,7 +556,7 @@ int cmd_bench_serve(int argc, char **argv)
     curl_global_init(CURL_GLOBAL_DEFAULT);
     char *listed = NULL;
     int32_t max_context = 0;
-    tokenizer_file tf = {0};
+    blade_tokenizer *tok = NULL;
     lg_run_result res = {0};
     json_t *config = NULL;
     if (query_models(url, o.api_key, &listed, &max_context))
@@ -594,7 +570,7 @@ int cmd_bench_serve(int argc, char **argv)
         goto out;
     }
     blade_error err = {{0}};
-    if (tokenizer_open(&tf, tokenizer, &err)) {
+    if (!(tok = blade_tokenizer_load_file(tokenizer, &err))) {
         fprintf(stderr, "error: --tokenizer: %s\n", err.msg);
         goto out;
     }
@@ -603,7 +579,7 @@ int cmd_bench_serve(int argc, char **argv)
            o.duration > 0 ? "time-bounded" : "request-bounded");
     fflush(stdout);
     lg_summary sum;
-    if (run_load(&o, &t, tf.tok, &res, &sum))
+    if (run_load(&o, &t, tok, &res, &sum))
         goto out;
     lg_summary_print(stdout, &sum);
     config = serve_config(&o, &t);
@@ -629,7 +605,7 @@ int cmd_bench_serve(int argc, char **argv)
 out:
     json_decref(config);
     lg_run_result_free(&res);
-    tokenizer_close(&tf);
+    blade_tokenizer_free(tok);
     free(listed);
     curl_global_cleanup();
 out_opts:
@@ -640,16 +616,18 @@ out_opts:
 /* ---- blade bench ablation ---- */
 
 /* The techniques in the order the ablation adds them, with the serve flags that turn each
- * off: row k of the table runs with the first k on and the rest off, so adding a
- * technique is one line here. */
+ * off (and on, for one that is not on by default): row k of the table runs with the first k
+ * on and the rest off, so adding a technique is one line here. */
 static const struct technique {
     const char *name;
     const char *off[3];
+    const char *on[3];
 } techniques[] = {
-    {"continuous batching", {"--scheduler", "static"}},
-    {"paged KV", {"--kv-alloc", "contiguous"}},
-    {"prefix caching", {"--no-prefix-cache"}},
-    {"chunked prefill", {"--no-chunked-prefill"}},
+    {"continuous batching", {"--scheduler", "static"}, {NULL}},
+    {"paged KV", {"--kv-alloc", "contiguous"}, {NULL}},
+    {"prefix caching", {"--no-prefix-cache"}, {NULL}},
+    {"chunked prefill", {"--no-chunked-prefill"}, {NULL}},
+    {"8-bit KV cache (q8_0)", {"--kv-type", "f16"}, {"--kv-type", "q8_0"}},
 };
 #define N_TECHNIQUES (sizeof techniques / sizeof techniques[0])
 #define MAX_PASS 32
@@ -672,11 +650,11 @@ static void ablation_usage(FILE *out)
             "usage: blade bench ablation -m MODEL --workload W [options] [engine options]\n\n"
             "Reproduces what each serving technique buys. Starts `blade serve` (this binary) on a free loopback\n"
             "port once per configuration, from the naive baseline (static batching, contiguous KV reservation, no\n"
-            "prefix cache, no chunked prefill) adding one technique at a time (continuous batching, paged KV,\n"
-            "prefix caching, chunked prefill: everything on), runs the same seeded workload against each, stops\n"
-            "it with SIGTERM, and prints one table: throughput, TTFT and TPOT p50/p99, KV slot utilisation (token\n"
-            "slots used / allocated, when /metrics exposes blade:kv_utilisation), cost per million tokens, and\n"
-            "each row's ratio to the baseline.\n"
+            "prefix cache, no chunked prefill, f16 KV) adding one technique at a time (continuous batching, paged\n"
+            "KV, prefix caching, chunked prefill, --kv-type q8_0: everything on), runs the same seeded workload\n"
+            "against each, stops it with SIGTERM, and prints one table: throughput, TTFT and TPOT p50/p99, KV\n"
+            "slot utilisation (token slots used / allocated, when /metrics exposes blade:kv_utilisation), cost\n"
+            "per million tokens, and each row's ratio to the baseline.\n"
             "Requests carry ignore_eos, so every configuration generates the same tokens. Each server's output\n"
             "goes to a temporary log, kept and named if it fails.\n\n"
             "  -m, --model FILE          GGUF model to serve (its tokenizer builds the prompts)\n"
@@ -733,9 +711,11 @@ static void server_argv(const char **argv, int *flags, const char *model, const 
         if (pass[i].value)
             argv[n++] = pass[i].value;
     }
-    for (size_t t = k; t < N_TECHNIQUES; t++)
-        for (int j = 0; j < 3 && techniques[t].off[j]; j++)
-            argv[n++] = techniques[t].off[j];
+    for (size_t t = 0; t < N_TECHNIQUES; t++) {
+        const char *const *flags = t < k ? techniques[t].on : techniques[t].off;
+        for (int j = 0; j < 3 && flags[j]; j++)
+            argv[n++] = flags[j];
+    }
     argv[n] = NULL;
 }
 
@@ -925,13 +905,13 @@ int cmd_bench_ablation(int argc, char **argv)
     status = 1;
     cli_raise_fd_limit();
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    tokenizer_file tf = {0};
+    blade_tokenizer *tok = NULL;
     ablation_row rows[N_TECHNIQUES + 1];
     size_t n_rows = 0;
     char *listed = NULL;
     server_proc sp = {0};
     blade_error err = {{0}};
-    if (tokenizer_open(&tf, model, &err)) {
+    if (!(tok = blade_tokenizer_load_file(model, &err))) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto out;
     }
@@ -961,7 +941,7 @@ int cmd_bench_ablation(int argc, char **argv)
         }
         target t = {.url = sp.url, .model = listed, .tokenizer_path = model, .max_context = max_context};
         lg_run_result res;
-        int rc = run_load(&o, &t, tf.tok, &res, &row->sum);
+        int rc = run_load(&o, &t, tok, &res, &row->sum);
         int st = server_stop(&sp);
         if (rc) {
             print_log_tail(sp.log_path);
@@ -980,9 +960,10 @@ int cmd_bench_ablation(int argc, char **argv)
         for (int i = first_flag; server_args[i]; i++)
             json_array_append_new(row->flags, json_string(server_args[i]));
         n_rows++;
-        printf("  %.2f requests/s, %.1f output tokens/s, TTFT p50 %.1f ms, TPOT p50 %.2f ms, %zu failed\n",
+        printf("  %.2f requests/s, %.1f output tokens/s, TTFT p50 %.1f ms, TPOT p50 %.2f ms, %zu failed; client CPU "
+               "%.1f%% of a core\n",
                row->sum.request_throughput, row->sum.output_throughput, row->sum.ttft.median, row->sum.tpot.median,
-               row->sum.failed);
+               row->sum.failed, row->sum.client_cpu_share * 100);
         fflush(stdout);
     }
     print_ablation_table(stdout, rows, n_rows, o.price_per_hour > 0);
@@ -1007,7 +988,7 @@ int cmd_bench_ablation(int argc, char **argv)
 out:
     for (size_t i = 0; i < n_rows; i++)
         json_decref(rows[i].flags);
-    tokenizer_close(&tf);
+    blade_tokenizer_free(tok);
     free(listed);
     curl_global_cleanup();
 out_opts:

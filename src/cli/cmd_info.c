@@ -3,6 +3,7 @@
 #include "blade/types.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/engine_options.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -14,7 +15,8 @@ static void info_usage(FILE *out)
             "usage: blade info [-m] MODEL [--tensors]\n\n"
             "Prints architecture, shapes, tensor types, parameter count, weight bytes and the KV cache\n"
             "arithmetic (bytes per token = 2 x layers x KV heads x head dim x bytes per element, with\n"
-            "totals at 4K and 32K context for 1, 8 and 64 concurrent sequences).\n\n"
+            "totals at 4K and 32K context for 1, 8 and 64 concurrent sequences, and what 1 GiB holds\n"
+            "for every --kv-type).\n\n"
             "  -m, --model FILE   GGUF model (may also be given as the only argument)\n"
             "      --tensors      also list every tensor with its type and shape\n"
             "  -h, --help         this help\n");
@@ -51,6 +53,26 @@ static void print_kv_table(const blade_hparams *hp, blade_kv_type type)
             printf(" %14s", buf);
         }
         printf("\n");
+    }
+}
+
+/* What 1 GiB of KV holds for every --kv-type, as the engine allocates it (blocks of 16
+ * tokens; the 8-bit types' per-token scales and their alignment included). */
+static void print_kv_type_capacity(const blade_hparams *hp)
+{
+    const int32_t block = 16;
+    const size_t gib = (size_t)1 << 30;
+    int64_t f16_tokens = cli_kv_tokens(hp, BLADE_KV_F16, block, gib);
+    printf("  per --kv-type, in 1 GiB (blocks of %d tokens):\n", block);
+    printf("    %-6s %16s %12s %22s %8s\n", "type", "bytes per token", "tokens", "full-context seqs", "vs f16");
+    for (int t = 0; t < BLADE_KV_TYPE_COUNT; t++) {
+        blade_kv_store_config one_block = blade_model_kv_config(hp, (blade_kv_type)t, block, 1);
+        int64_t tokens = cli_kv_tokens(hp, (blade_kv_type)t, block, gib);
+        char seqs[32];
+        snprintf(seqs, sizeof seqs, "%lld x %d", (long long)(tokens / hp->n_ctx_train), hp->n_ctx_train);
+        printf("    %-6s %16.1f %12lld %22s %7.2fx\n", blade_kv_type_name((blade_kv_type)t),
+               (double)blade_kv_store_block_bytes(&one_block) / block, (long long)tokens, seqs,
+               f16_tokens ? (double)tokens / (double)f16_tokens : 0.0);
     }
 }
 
@@ -131,7 +153,7 @@ int cmd_info(int argc, char **argv)
            8.0 * (double)m->weight_bytes / (double)(m->n_params ? m->n_params : 1));
     printf("KV cache:\n");
     print_kv_table(hp, BLADE_KV_F16);
-    print_kv_table(hp, BLADE_KV_F32);
+    print_kv_type_capacity(hp);
     if (list_tensors) {
         printf("tensors:\n");
         for (uint64_t i = 0; i < f->n_tensors; i++) {

@@ -1,26 +1,19 @@
 /* `blade quantize`: converts a GGUF model's weights to a smaller type, with a progress bar
  * and a summary of what each tensor became. */
 
+#include "blade/gguf.h"
+#include "blade/imatrix.h"
 #include "blade/quantize.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #define MAX_KEEPS 64
-
-static volatile sig_atomic_t interrupted;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    interrupted = 1;
-}
 
 static void quantize_usage(FILE *out)
 {
@@ -40,6 +33,9 @@ static void quantize_usage(FILE *out)
             "  -t, --threads N    threads (default: every core)\n"
             "  --no-refine        the reference scale search alone: K-quant bytes as llama.cpp's\n"
             "                     quantizer writes them, faster, with higher error\n"
+            "  --imatrix FILE     weight each column's rounding error by its importance, from\n"
+            "                     `blade imatrix` run on this model (refused for another model;\n"
+            "                     matrices it lacks keep the default weighting, with a warning)\n"
             "  -h, --help         this help\n",
             blade_quant_scheme_names());
 }
@@ -120,13 +116,56 @@ static void print_fallbacks(const blade_quantize_report *r)
     free(shown);
 }
 
-static void print_summary(const char *in, const char *out, const char *scheme, const blade_quantize_report *r)
+/* Matrices quantized to a block type that multiply activations, and so can have importance.
+ * The token embedding of a model with its own classifier is read a row at a time, never
+ * multiplied, so no importance matrix has (or needs) an entry for it. */
+static bool importance_applies(const blade_quantize_report *r, const blade_quant_tensor_plan *t)
+{
+    if (!t->convert || blade_type_traits_get(t->type)->block_size == 1)
+        return false;
+    if (strcmp(t->name, "token_embd.weight") != 0)
+        return true;
+    for (size_t i = 0; i < r->n_tensors; i++)
+        if (!strcmp(r->tensors[i].name, "output.weight"))
+            return false;
+    return true;
+}
+
+static void warn_missing_importance(const blade_imatrix *imx, const char *imatrix_path, const blade_quantize_report *r)
+{
+    size_t missing = 0;
+    for (size_t i = 0; i < r->n_tensors; i++) {
+        const blade_quant_tensor_plan *t = &r->tensors[i];
+        if (!importance_applies(r, t) || blade_imatrix_find(imx, t->name))
+            continue;
+        if (missing++ == 0)
+            fprintf(stderr, "warning: %s has no importance for", imatrix_path);
+        if (missing <= FALLBACK_NAMES_SHOWN)
+            fprintf(stderr, " %s", t->name);
+    }
+    if (missing > FALLBACK_NAMES_SHOWN)
+        fprintf(stderr, " and %zu more", missing - FALLBACK_NAMES_SHOWN);
+    if (missing)
+        fprintf(stderr, ": %s quantized with the default weighting\n", missing == 1 ? "it is" : "they are");
+}
+
+static void print_summary(const char *in, const char *out, const char *scheme, const blade_quantize_report *r,
+                          const char *imatrix_path, const blade_imatrix *imx)
 {
     printf("quantized %s -> %s (%s)\n", in, out, scheme);
     printf("  tensors     %zu: ", r->n_tensors);
     print_type_counts(stdout, r->count_by_type);
     printf("\n");
     print_fallbacks(r);
+    if (imx) {
+        size_t with = 0, applies = 0;
+        for (size_t i = 0; i < r->n_tensors; i++) {
+            with += r->tensors[i].importance;
+            applies += importance_applies(r, &r->tensors[i]);
+        }
+        printf("  importance  %zu of %zu quantized matrices weighted by %s (%u chunk%s of %u tokens of %s)\n", with,
+               applies, imatrix_path, imx->chunks, imx->chunks == 1 ? "" : "s", imx->chunk_size, imx->dataset);
+    }
     printf("  size        ");
     print_mib(stdout, r->file_bytes_in);
     printf(" -> ");
@@ -142,16 +181,36 @@ static void print_summary(const char *in, const char *out, const char *scheme, c
            r->n_threads == 1 ? "" : "s", r->seconds > 0 ? (double)r->bytes_in / r->seconds / 1e6 : 0.0);
 }
 
+/* The importance matrix at path, checked against the model it is to quantize. */
+static blade_imatrix *load_imatrix(const char *path, const char *model_path, blade_error *err)
+{
+    blade_imatrix *imx = blade_imatrix_load(path, err);
+    if (!imx)
+        return NULL;
+    gguf_file *model = gguf_open_mapped(model_path, err);
+    if (!model || blade_imatrix_check_model(imx, model, model_path, err) != 0) {
+        if (model)
+            blade_error_prefix(err, "%s", path);
+        gguf_close(model);
+        blade_imatrix_free(imx);
+        return NULL;
+    }
+    gguf_close(model);
+    return imx;
+}
+
 int cmd_quantize(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"type", required_argument, 0, 'T'},    {"keep", required_argument, 0, 'k'},
         {"threads", required_argument, 0, 't'}, {"no-refine", no_argument, 0, 'R'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
+        {"imatrix", required_argument, 0, 'I'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     blade_quant_keep keeps[MAX_KEEPS];
     size_t n_keeps = 0;
-    const char *type = NULL;
+    const char *type = NULL, *imatrix_path = NULL;
+    blade_imatrix *imx = NULL;
     long long threads = 0;
     bool no_refine = false;
     int rc = 2, c;
@@ -176,6 +235,7 @@ int cmd_quantize(int argc, char **argv)
                 goto done;
             break;
         case 'R': no_refine = true; break;
+        case 'I': imatrix_path = optarg; break;
         case 'h':
             quantize_usage(stdout);
             rc = 0;
@@ -200,32 +260,44 @@ int cmd_quantize(int argc, char **argv)
     const char *in = argv[optind], *out = argv[optind + 1];
     blade_quantize_params params = {
         .scheme = scheme, .keep = keeps, .n_keep = n_keeps, .n_threads = (int)threads, .no_refine = no_refine,
-        .progress = isatty(STDERR_FILENO), .cancel = &interrupted,
+        .progress = isatty(STDERR_FILENO), .cancel = &cli_interrupted,
     };
     rc = 1;
+    if (imatrix_path) {
+        if (!(imx = load_imatrix(imatrix_path, in, &err))) {
+            fprintf(stderr, "error: %s\n", err.msg);
+            goto done;
+        }
+        params.importance = blade_imatrix_importance;
+        params.importance_ctx = imx;
+        params.imatrix_file = imatrix_path;
+        params.imatrix_dataset = imx->dataset;
+        params.imatrix_chunks = imx->chunks > INT32_MAX ? INT32_MAX : (int32_t)imx->chunks;
+        params.imatrix_entries = (int32_t)imx->n_entries;
+    }
     blade_quantize_job *job = blade_quantize_prepare(in, &params, &err);
     if (!job) {
         fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }
     print_warnings(in, blade_quantize_job_report(job));
+    if (imx)
+        warn_missing_importance(imx, imatrix_path, blade_quantize_job_report(job));
 
-    struct sigaction sa = {.sa_handler = on_signal}, old_int, old_term;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
+    cli_signals signals;
+    cli_interrupts_catch(&signals);
     int wrc = blade_quantize_write(job, out, &err);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
+    cli_interrupts_restore(&signals);
     if (wrc != 0) {
         fprintf(stderr, "error: %s\n", err.msg);
-        rc = interrupted ? 130 : 1;
+        rc = cli_interrupted ? 130 : 1;
     } else {
-        print_summary(in, out, scheme->name, blade_quantize_job_report(job));
+        print_summary(in, out, scheme->name, blade_quantize_job_report(job), imatrix_path, imx);
         rc = 0;
     }
     blade_quantize_job_free(job);
 done:
+    blade_imatrix_free(imx);
     for (size_t k = 0; k < n_keeps; k++)
         blade_quant_keep_free(&keeps[k]);
     return rc;

@@ -39,7 +39,7 @@ static char *model_template(const char *path, char **bos, char **eos)
     bool present = false;
     char *src = NULL;
     blade_tokenizer *tok = NULL;
-    gguf_file *f = gguf_open(path, &err);
+    gguf_file *f = gguf_open_mapped(path, &err);
     if (!f) {
         fprintf(stderr, "error: %s\n", err.msg);
         return NULL;

@@ -1,4 +1,4 @@
-#include "blade/gguf.h"
+/* `blade tokenize`: how a model's tokenizer splits a text, read from the GGUF metadata alone. */
 #include "blade/tokenizer.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
@@ -123,13 +123,11 @@ int cmd_tokenize(int argc, char **argv)
     blade_tokenizer *tok = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
-    gguf_file *gf = gguf_open(model_path, &err);
-    if (!gf) {
-        fprintf(stderr, "error: %s\n", err.msg); /* the reader's messages name the file */
+    if (!(tok = blade_tokenizer_load_file(model_path, &err))) {
+        fprintf(stderr, "error: %s\n", err.msg);
         goto done;
     }
-    if (!(tok = blade_tokenizer_load(gf, &err)) ||
-        blade_tokenizer_encode(tok, text, len, !no_bos && blade_tokenizer_wants_bos(tok), parse_special, &ids, &n,
+    if (blade_tokenizer_encode(tok, text, len, !no_bos && blade_tokenizer_wants_bos(tok), parse_special, &ids, &n,
                                &err)) {
         fprintf(stderr, "error: %s: %s\n", model_path, err.msg);
         goto done;
@@ -149,7 +147,6 @@ int cmd_tokenize(int argc, char **argv)
 done:
     free(ids);
     blade_tokenizer_free(tok);
-    gguf_close(gf);
     free(file_text);
     return status;
 }

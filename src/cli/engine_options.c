@@ -41,7 +41,8 @@ void cli_engine_usage(FILE *out)
             "  -c, --ctx-size N           longest prompt + output of one request (default: the model's)\n"
             "      --kv-mem SIZE          KV cache memory: bytes with K/M/G suffix (e.g. 2G), or a fraction\n"
             "                             of available memory (e.g. 0.5); default 0.25\n"
-            "      --kv-type T            KV element type: f16 (default), bf16, f32\n"
+            "      --kv-type T            KV element type: f16 (default), bf16, f32, or q8_0 / fp8 (8 bits\n"
+            "                             with a scale per token and head: about twice the tokens)\n"
             "      --block-size N         tokens per KV block (default 16)\n"
             "      --max-batch-tokens N   token budget of one step (default 256)\n"
             "      --max-seqs N           sequences per step (default 64)\n"
@@ -109,7 +110,7 @@ int cli_engine_option(cli_engine_options *o, int code, const char *arg)
     case OPT_KV_TYPE: {
         int t = blade_kv_type_from_name(arg);
         if (t < 0) {
-            fprintf(stderr, "error: --kv-type expects f16, bf16 or f32, got '%s'\n", arg);
+            fprintf(stderr, "error: --kv-type expects one of %s, got '%s'\n", blade_kv_type_names(), arg);
             return -1;
         }
         c->kv_type = (blade_kv_type)t;
@@ -183,6 +184,13 @@ int cli_engine_finalize(cli_engine_options *o, const blade_model *m)
     return 0;
 }
 
+int64_t cli_kv_tokens(const blade_hparams *hp, blade_kv_type t, int32_t block_size, size_t bytes)
+{
+    blade_kv_store_config one_block = blade_model_kv_config(hp, t, block_size, 0);
+    size_t block_bytes = blade_kv_store_block_bytes(&one_block);
+    return block_bytes ? (int64_t)(bytes / block_bytes) * block_size : 0;
+}
+
 void cli_engine_describe(FILE *out, const cli_engine_options *o, blade_engine *e)
 {
     const blade_engine_config *c = &o->cfg;
@@ -197,6 +205,15 @@ void cli_engine_describe(FILE *out, const cli_engine_options *o, blade_engine *e
                  "step budget %d tokens, %d sequences\n",
             (double)c->kv_mem_bytes / 1073741824.0, blade_kv_type_name(c->kv_type), (long long)tokens,
             (long long)(tokens / ctx), ctx, c->sched.max_batch_tokens, c->sched.max_seqs);
+    const blade_hparams *hp = &blade_engine_model(e)->hp;
+    int64_t f16_tokens = cli_kv_tokens(hp, BLADE_KV_F16, c->block_size, c->kv_mem_bytes);
+    fprintf(out, "KV cache by --kv-type, same memory:");
+    for (int t = 0; t < BLADE_KV_TYPE_COUNT; t++) {
+        int64_t n = cli_kv_tokens(hp, (blade_kv_type)t, c->block_size, c->kv_mem_bytes);
+        fprintf(out, "%s %s %lld tokens = %lld sequences (%.2fx f16)", t ? "," : "", blade_kv_type_name((blade_kv_type)t),
+                (long long)n, (long long)(n / ctx), f16_tokens ? (double)n / (double)f16_tokens : 0.0);
+    }
+    fprintf(out, "\n");
 }
 
 struct option *cli_merge_longopts(const struct option *own, size_t n_own)

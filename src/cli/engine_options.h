@@ -45,8 +45,12 @@ int cli_engine_option(cli_engine_options *o, int code, const char *arg);
 void cli_engine_usage(FILE *out);
 /* Resolves what depends on the model and the machine (memory fraction, context). */
 int cli_engine_finalize(cli_engine_options *o, const blade_model *m);
-/* Prints which techniques are on and the KV budget in tokens and concurrent sequences. */
+/* Prints which techniques are on and the KV budget in tokens and concurrent sequences, for
+ * the chosen KV type and, to compare, for every other. */
 void cli_engine_describe(FILE *out, const cli_engine_options *o, blade_engine *e);
+/* Token slots `bytes` of KV memory hold in blocks of block_size tokens of type t (what the
+ * engine allocates); 0 for a shape the store refuses. */
+int64_t cli_kv_tokens(const blade_hparams *hp, blade_kv_type t, int32_t block_size, size_t bytes);
 /* Builds a long-options array of the command's own options followed by the engine's;
  * malloc'd, terminated by a zero entry. */
 struct option *cli_merge_longopts(const struct option *own, size_t n_own);

@@ -1,3 +1,6 @@
+/* Error messages (blade/error.h): formatting into the caller's fixed buffer, and prefixing
+ * the context (a file name, a flag) as an error travels up. */
+
 #include "blade/error.h"
 
 #include <stdio.h>

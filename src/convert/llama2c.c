@@ -1,3 +1,8 @@
+/* `blade convert` (convert.h): a llama2.c checkpoint and its tokenizer export rewritten
+ * as a llama GGUF that blade, and llama.cpp, load like any other. The checkpoint's header
+ * must describe exactly the weights the file holds, and the vocabulary must match its
+ * size, before anything is written. */
+
 #include "blade/convert.h"
 
 #include "blade/gguf.h"
@@ -260,6 +265,10 @@ int blade_convert_llama2c(const char *checkpoint_path, const char *tokenizer_pat
     gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
     gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
     gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    /* llama.cpp's converter states "no such token" for these (its key spells "seperator"), so
+     * a model converted here and one converted there carry the same vocabulary metadata. */
+    gguf_writer_set_u32(w, "tokenizer.ggml.seperator_token_id", UINT32_MAX);
+    gguf_writer_set_u32(w, "tokenizer.ggml.padding_token_id", UINT32_MAX);
 
     tensor_cursor cur = {ck.data + 28, w, err};
     if (take(&cur, "token_embd.weight", 0, d, c.vocab_size) ||

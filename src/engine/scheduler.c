@@ -1,3 +1,8 @@
+/* The scheduler (scheduler.h): the running list in priority order, a waiting queue per
+ * traffic class, and each step's plan: decodes first, prefill chunks in the budget left,
+ * admissions while blocks last, preemption of the lowest-priority, latest-admitted
+ * sequence when they run out. It moves token counts and block numbers, never data. */
+
 #include "blade/scheduler.h"
 
 #include <stdlib.h>

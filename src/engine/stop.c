@@ -1,3 +1,7 @@
+/* Stop strings (stop.h): the text held back while it could still be the start of a stop
+ * string, released as soon as the next piece shows it is not, and dropped from the match
+ * on. */
+
 #include "blade/stop.h"
 
 #include <stdlib.h>

@@ -1,3 +1,9 @@
+/* Reading GGUF (gguf.h): the whole header, metadata and tensor table validated up front
+ * against the file's size, every count and offset checked before it is used, errors
+ * naming the field and its file offset. The weights are then copied once into 2 MiB-page
+ * memory for the kernels (gguf_open), or read through the file's own mapping
+ * (gguf_open_mapped). */
+
 #include "gguf_internal.h"
 
 #include "common/file.h"
@@ -692,7 +698,8 @@ static uint8_t *copy_to_huge_pages(const void *map, size_t size, size_t shift, s
     return aligned;
 }
 
-static gguf_file *open_file(const char *path, bool copy_to_memory, blade_error *err)
+/* copy_weights: into huge pages for the kernels (gguf_open), or not at all (gguf_open_mapped). */
+static gguf_file *open_file(const char *path, bool copy_weights, blade_error *err)
 {
     if (!path) {
         blade_error_set(err, "gguf: no path given");
@@ -742,12 +749,14 @@ static gguf_file *open_file(const char *path, bool copy_to_memory, blade_error *
         gguf_close(f);
         return NULL;
     }
+    if (!copy_weights)
+        return f;
     /* The kernels load weights 64 bytes at a time, and the format's default alignment is
      * 32: copied as it lies, a data section at 32 past a cache line splits every such load
      * across two lines (the BF16 one-token product measured about 25% slower so). The copy
      * starts the data section on a cache line, and the file is parsed again in place. */
     size_t shift = (GGUF_COPY_ALIGN - f->data_offset % GGUF_COPY_ALIGN) % GGUF_COPY_ALIGN, copy_bytes = 0;
-    uint8_t *copy = copy_to_memory ? copy_to_huge_pages(map, size, shift, &copy_bytes) : NULL;
+    uint8_t *copy = copy_to_huge_pages(map, size, shift, &copy_bytes);
     if (copy) {
         release_parsed(f);
         munmap(map, size);

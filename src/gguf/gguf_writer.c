@@ -1,3 +1,7 @@
+/* Writing GGUF (gguf.h): metadata and tensors gathered in memory, then the file written in
+ * one pass with the format's alignment, through a temporary file that replaces the target
+ * only when complete. */
+
 #include "gguf_internal.h"
 
 #include <errno.h>
@@ -151,6 +155,19 @@ static void commit(gguf_writer *w, const char *key, wkv *val)
         return;
     }
     w->kv[w->n_kv++] = *val;
+}
+
+void gguf_writer_remove_kv(gguf_writer *w, const char *key)
+{
+    for (size_t i = 0; w && i < w->n_kv; i++) {
+        if (strcmp(w->kv[i].key, key) == 0) {
+            free_value(&w->kv[i]);
+            free(w->kv[i].key);
+            memmove(&w->kv[i], &w->kv[i + 1], (w->n_kv - i - 1) * sizeof *w->kv);
+            w->n_kv--;
+            return;
+        }
+    }
 }
 
 static void set_scalar(gguf_writer *w, const char *key, gguf_value_type type, const void *v)
@@ -344,9 +361,17 @@ static bool copy_value(gguf_writer *w, const gguf_kv *kv, wkv *val)
 
 void gguf_writer_copy_kv(gguf_writer *w, const gguf_file *src)
 {
+    gguf_writer_copy_kv_prefix(w, src, "");
+}
+
+void gguf_writer_copy_kv_prefix(gguf_writer *w, const gguf_file *src, const char *prefix)
+{
     if (!w || !src)
         return;
+    size_t n = strlen(prefix);
     for (uint64_t i = 0; i < src->n_kv; i++) {
+        if (strncmp(src->kv[i].key, prefix, n) != 0)
+            continue;
         wkv val = {0};
         if (!copy_value(w, &src->kv[i], &val)) {
             free_value(&val);

@@ -33,55 +33,60 @@ static float f32_at(const uint8_t *src, size_t i)
     return ((const float *)src)[i];
 }
 
-static inline void load_kt_scalar(float (*at)(const uint8_t *, size_t), const uint8_t *src, float *kt,
-                                  int32_t block_size, int32_t head_dim, int32_t bp)
+static float q8_0_at(const uint8_t *src, size_t i)
+{
+    return (float)(int8_t)src[i];
+}
+
+static float fp8_at(const uint8_t *src, size_t i)
+{
+    return blade_e4m3_to_fp32(src[i]);
+}
+
+/* Slot j's element d of a block, times the slot's scale when the type has scales. */
+static inline float element(float (*at)(const uint8_t *, size_t), const uint8_t *src, const uint16_t *scales,
+                            int32_t j, int32_t d, int32_t head_dim)
+{
+    float x = at(src, (size_t)j * (size_t)head_dim + (size_t)d);
+    return scales ? x * blade_bf16_to_fp32(scales[j]) : x;
+}
+
+static inline void load_kt_scalar(float (*at)(const uint8_t *, size_t), const uint8_t *src, const uint16_t *scales,
+                                  float *kt, int32_t block_size, int32_t head_dim, int32_t bp)
 {
     for (int32_t j = 0; j < block_size; j++)
         for (int32_t d = 0; d < head_dim; d++)
-            kt[(size_t)d * (size_t)bp + (size_t)j] = at(src, (size_t)j * (size_t)head_dim + (size_t)d);
+            kt[(size_t)d * (size_t)bp + (size_t)j] = element(at, src, scales, j, d, head_dim);
 }
 
-static inline void load_v_scalar(float (*at)(const uint8_t *, size_t), const uint8_t *src, float *dst, size_t n)
+static inline void load_v_scalar(float (*at)(const uint8_t *, size_t), const uint8_t *src, const uint16_t *scales,
+                                 float *dst, int32_t n_slots, int32_t head_dim)
 {
-    for (size_t i = 0; i < n; i++)
-        dst[i] = at(src, i);
+    for (int32_t j = 0; j < n_slots; j++)
+        for (int32_t d = 0; d < head_dim; d++)
+            dst[(size_t)j * (size_t)head_dim + (size_t)d] = element(at, src, scales, j, d, head_dim);
 }
 
-static void load_kt_f16(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
-                        int32_t bp)
-{
-    (void)scale;
-    load_kt_scalar(f16_at, src, kt, block_size, head_dim, bp);
-}
+#define SCALAR_LOAD_KT(type)                                                                                     \
+    static void load_kt_##type(const uint8_t *src, const uint16_t *scales, float *kt, int32_t block_size,       \
+                               int32_t head_dim, int32_t bp)                                                      \
+    {                                                                                                            \
+        load_kt_scalar(type##_at, src, scales, kt, block_size, head_dim, bp);                                    \
+    }
+#define SCALAR_TILE(type)                                                                                        \
+    SCALAR_LOAD_KT(type)                                                                                         \
+    static void load_v_##type(const uint8_t *src, const uint16_t *scales, float *dst, int32_t n_slots,          \
+                              int32_t head_dim)                                                                  \
+    {                                                                                                            \
+        load_v_scalar(type##_at, src, scales, dst, n_slots, head_dim);                                           \
+    }                                                                                                            \
+    const attn_tile_conv blade_attn_tile_##type##_scalar = {load_kt_##type, load_v_##type};
 
-static void load_v_f16(const uint8_t *src, const float *scale, float *dst, size_t n)
-{
-    (void)scale;
-    load_v_scalar(f16_at, src, dst, n);
-}
-
-static void load_kt_bf16(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
-                         int32_t bp)
-{
-    (void)scale;
-    load_kt_scalar(bf16_at, src, kt, block_size, head_dim, bp);
-}
-
-static void load_v_bf16(const uint8_t *src, const float *scale, float *dst, size_t n)
-{
-    (void)scale;
-    load_v_scalar(bf16_at, src, dst, n);
-}
-
-static void load_kt_f32(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
-                        int32_t bp)
-{
-    (void)scale;
-    load_kt_scalar(f32_at, src, kt, block_size, head_dim, bp);
-}
-
-const attn_tile_conv blade_attn_tile_f16_scalar = {load_kt_f16, load_v_f16};
-const attn_tile_conv blade_attn_tile_bf16_scalar = {load_kt_bf16, load_v_bf16};
+SCALAR_TILE(f16)
+SCALAR_TILE(bf16)
+SCALAR_TILE(q8_0)
+SCALAR_TILE(fp8)
+SCALAR_LOAD_KT(f32)
 const attn_tile_conv blade_attn_tile_f32_scalar = {load_kt_f32, NULL};
 
 static void row_scalar(const attn_tile *t, const float *q, float *o, int32_t nv, float *m, float *l)
@@ -179,6 +184,10 @@ static void prefetch_block(const blade_kv_store *kv, int32_t layer, int32_t bloc
         __builtin_prefetch(k + off);
         __builtin_prefetch(v + off);
     }
+    if (kv->head_scales) {
+        __builtin_prefetch(blade_kv_store_k_scale(kv, layer, block, head));
+        __builtin_prefetch(blade_kv_store_v_scale(kv, layer, block, head));
+    }
 }
 
 static const attn_isa *const isas[BLADE_ISA_COUNT] = {
@@ -244,7 +253,7 @@ void blade_attention(const blade_attention_args *a)
                              kt, bs, hd, tile.bp);
             const uint8_t *v = blade_kv_store_v(kv, a->layer, phys, kvh);
             if (conv->load_v) {
-                conv->load_v(v, blade_kv_store_v_scale(kv, a->layer, phys, kvh), vbuf, (size_t)n_slots * (size_t)hd);
+                conv->load_v(v, blade_kv_store_v_scale(kv, a->layer, phys, kvh), vbuf, n_slots, hd);
                 tile.v = vbuf;
             } else {
                 tile.v = (const float *)v;

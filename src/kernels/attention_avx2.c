@@ -5,6 +5,8 @@
 
 #include "kernels/attention_internal.h"
 
+#include "blade/types.h"
+
 #include <immintrin.h>
 #include <math.h>
 
@@ -44,6 +46,29 @@ A2_INLINE __m256 load8_f32(const uint8_t *src)
     return _mm256_loadu_ps((const float *)src);
 }
 
+A2_INLINE __m256 load8_q8_0(const uint8_t *src)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)src)));
+}
+
+/* E4M3 by integer arithmetic rather than through F16C, whose conversion is the slow part of
+ * the f16 tiles: a normal code's exponent and mantissa bits, moved up by 20 and rebiased
+ * (+120 in the exponent), are the float of the same value; a subnormal code is its mantissa
+ * times 2^-9 (exact); NaN codes become the quiet NaN the scalar path makes; the sign goes
+ * on last. */
+A2_INLINE __m256 load8_fp8(const uint8_t *src)
+{
+    const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)src));
+    const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7f));
+    const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(x, 24), _mm256_set1_epi32((int)0x80000000u));
+    __m256 v = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
+    const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(0x1p-9f));
+    v = _mm256_blendv_ps(v, sub, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag)));
+    v = _mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)),
+                         _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f))));
+    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), sign));
+}
+
 /* Recursive 8x8 transpose: for rows i and i + w, swap the off-diagonal w x w sub-blocks
  * ([[A, B], [C, D]] -> [[A, C], [B, D]]) for w = 4, 2, 1. */
 A2_INLINE void transpose8(__m256 r[8])
@@ -68,62 +93,64 @@ A2_INLINE void transpose8(__m256 r[8])
 }
 
 /* The conversions of a type whose elements are es bytes and whose 8-element loads are
- * load8: inlined into one function per type, so each has its load built in. */
-A2_INLINE void load_kt_avx2(__m256 (*load8)(const uint8_t *), size_t es, const uint8_t *src, float *kt,
-                            int32_t block_size, int32_t head_dim, int32_t bp)
+ * load8: inlined into one function per type, so each has its load built in. With scales,
+ * each slot's elements are multiplied by its scale. */
+A2_INLINE void load_kt_avx2(__m256 (*load8)(const uint8_t *), size_t es, const uint8_t *src, const uint16_t *scales,
+                            float *kt, int32_t block_size, int32_t head_dim, int32_t bp)
 {
-    for (int32_t j0 = 0; j0 < block_size; j0 += 8)
+    for (int32_t j0 = 0; j0 < block_size; j0 += 8) {
+        const __m256 sv = scales ? load8_bf16((const uint8_t *)(scales + j0))
+                                 : _mm256_setzero_ps();
         for (int32_t d0 = 0; d0 < head_dim; d0 += 8) {
             __m256 r[8];
             for (int i = 0; i < 8; i++)
                 r[i] = load8(src + ((size_t)(j0 + i) * (size_t)head_dim + (size_t)d0) * es);
             transpose8(r);
             for (int i = 0; i < 8; i++)
-                _mm256_storeu_ps(kt + (size_t)(d0 + i) * (size_t)bp + (size_t)j0, r[i]);
+                _mm256_storeu_ps(kt + (size_t)(d0 + i) * (size_t)bp + (size_t)j0, scales ? _mm256_mul_ps(r[i], sv) : r[i]);
         }
+    }
 }
 
-A2_INLINE void load_v_avx2(__m256 (*load8)(const uint8_t *), size_t es, const uint8_t *src, float *dst, size_t n)
+A2_INLINE void load_v_avx2(__m256 (*load8)(const uint8_t *), size_t es, const uint8_t *src, const uint16_t *scales,
+                           float *dst, int32_t n_slots, int32_t head_dim)
 {
-    for (size_t i = 0; i < n; i += 8)
-        _mm256_storeu_ps(dst + i, load8(src + es * i));
+    if (!scales) {
+        for (size_t i = 0; i < (size_t)n_slots * (size_t)head_dim; i += 8)
+            _mm256_storeu_ps(dst + i, load8(src + es * i));
+        return;
+    }
+    for (int32_t j = 0; j < n_slots; j++) {
+        const __m256 sj = _mm256_set1_ps(blade_bf16_to_fp32(scales[j]));
+        for (int32_t d0 = 0; d0 < head_dim; d0 += 8) {
+            size_t i = (size_t)j * (size_t)head_dim + (size_t)d0;
+            _mm256_storeu_ps(dst + i, _mm256_mul_ps(load8(src + es * i), sj));
+        }
+    }
 }
 
-A2 static void load_kt_f16(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
-                           int32_t bp)
-{
-    (void)scale;
-    load_kt_avx2(load8_f16, 2, src, kt, block_size, head_dim, bp);
-}
+/* The conversion functions of a type: scaled types pass the block's scales on, unscaled
+ * ones a NULL the compiler sees, which removes the scaling. */
+#define AVX2_LOAD_KT(type, es, scaled)                                                                 \
+    A2 static void load_kt_##type(const uint8_t *src, const uint16_t *scales, float *kt, int32_t block_size,    \
+                                  int32_t head_dim, int32_t bp)                                                  \
+    {                                                                                                            \
+        load_kt_avx2(load8_##type, es, src, scaled ? scales : NULL, kt, block_size, head_dim, bp);      \
+    }
+#define AVX2_TILE(type, es, scaled)                                                                    \
+    AVX2_LOAD_KT(type, es, scaled)                                                                     \
+    A2 static void load_v_##type(const uint8_t *src, const uint16_t *scales, float *dst, int32_t n_slots,       \
+                                 int32_t head_dim)                                                               \
+    {                                                                                                            \
+        load_v_avx2(load8_##type, es, src, scaled ? scales : NULL, dst, n_slots, head_dim);             \
+    }                                                                                                            \
+    const attn_tile_conv blade_attn_tile_##type##_avx2 = {load_kt_##type, load_v_##type};
 
-A2 static void load_v_f16(const uint8_t *src, const float *scale, float *dst, size_t n)
-{
-    (void)scale;
-    load_v_avx2(load8_f16, 2, src, dst, n);
-}
-
-A2 static void load_kt_bf16(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
-                            int32_t bp)
-{
-    (void)scale;
-    load_kt_avx2(load8_bf16, 2, src, kt, block_size, head_dim, bp);
-}
-
-A2 static void load_v_bf16(const uint8_t *src, const float *scale, float *dst, size_t n)
-{
-    (void)scale;
-    load_v_avx2(load8_bf16, 2, src, dst, n);
-}
-
-A2 static void load_kt_f32(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
-                           int32_t bp)
-{
-    (void)scale;
-    load_kt_avx2(load8_f32, 4, src, kt, block_size, head_dim, bp);
-}
-
-const attn_tile_conv blade_attn_tile_f16_avx2 = {load_kt_f16, load_v_f16};
-const attn_tile_conv blade_attn_tile_bf16_avx2 = {load_kt_bf16, load_v_bf16};
+AVX2_TILE(f16, 2, false)
+AVX2_TILE(bf16, 2, false)
+AVX2_TILE(q8_0, 1, true)
+AVX2_TILE(fp8, 1, true)
+AVX2_LOAD_KT(f32, 4, false)
 const attn_tile_conv blade_attn_tile_f32_avx2 = {load_kt_f32, NULL};
 
 /* Rows are processed R at a time (R = 1 or PAIR) when they see the same keys, sharing

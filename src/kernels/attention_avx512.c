@@ -5,6 +5,8 @@
 
 #include "kernels/attention_internal.h"
 
+#include "blade/types.h"
+
 #include <immintrin.h>
 #include <math.h>
 
@@ -51,6 +53,25 @@ A512_INLINE __m512 load16_f32(const uint8_t *src)
     return _mm512_loadu_ps((const float *)src);
 }
 
+A512_INLINE __m512 load16_q8_0(const uint8_t *src)
+{
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)src)));
+}
+
+/* E4M3 by integer arithmetic, as in attention_avx2.c. */
+A512_INLINE __m512 load16_fp8(const uint8_t *src)
+{
+    const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)src));
+    const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7f));
+    const __m512i sign = _mm512_and_si512(_mm512_slli_epi32(x, 24), _mm512_set1_epi32((int)0x80000000u));
+    __m512 v = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23)));
+    v = _mm512_mask_mul_ps(v, _mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)), _mm512_cvtepi32_ps(mag),
+                           _mm512_set1_ps(0x1p-9f));
+    v = _mm512_mask_mov_ps(v, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7f)),
+                           _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
+}
+
 /* 16x16 transpose as four steps of a recursion: for w = 1, 2, 4, 8, rows i and i + w
  * (i & w == 0) swap their off-diagonal w x w sub-blocks, [[A, B], [C, D]] -> [[A, C],
  * [B, D]]; the steps commute, and once all four are done every element has moved from
@@ -84,63 +105,62 @@ A512_INLINE void transpose16(__m512 r[16])
 }
 
 /* The conversions of a type whose elements are es bytes and whose 16-element loads are
- * load16: inlined into one function per type, so each has its load built in. */
-A512_INLINE void load_kt_avx512(__m512 (*load16)(const uint8_t *), size_t es, const uint8_t *src, float *kt,
-                                int32_t block_size, int32_t head_dim, int32_t bp)
+ * load16, as in attention_avx2.c. */
+A512_INLINE void load_kt_avx512(__m512 (*load16)(const uint8_t *), size_t es, const uint8_t *src,
+                                const uint16_t *scales, float *kt, int32_t block_size,
+                                int32_t head_dim, int32_t bp)
 {
-    for (int32_t j0 = 0; j0 < block_size; j0 += 16)
+    for (int32_t j0 = 0; j0 < block_size; j0 += 16) {
+        const __m512 sv = scales ? load16_bf16((const uint8_t *)(scales + j0)) : _mm512_setzero_ps();
         for (int32_t d0 = 0; d0 < head_dim; d0 += 16) {
             __m512 r[16];
             for (int i = 0; i < 16; i++)
                 r[i] = load16(src + ((size_t)(j0 + i) * (size_t)head_dim + (size_t)d0) * es);
             transpose16(r);
             for (int i = 0; i < 16; i++)
-                _mm512_storeu_ps(kt + (size_t)(d0 + i) * (size_t)bp + (size_t)j0, r[i]);
+                _mm512_storeu_ps(kt + (size_t)(d0 + i) * (size_t)bp + (size_t)j0,
+                                 scales ? _mm512_mul_ps(r[i], sv) : r[i]);
         }
+    }
 }
 
-A512_INLINE void load_v_avx512(__m512 (*load16)(const uint8_t *), size_t es, const uint8_t *src, float *dst,
-                               size_t n)
+A512_INLINE void load_v_avx512(__m512 (*load16)(const uint8_t *), size_t es, const uint8_t *src,
+                               const uint16_t *scales, float *dst, int32_t n_slots, int32_t head_dim)
 {
-    for (size_t i = 0; i < n; i += 16)
-        _mm512_storeu_ps(dst + i, load16(src + es * i));
+    if (!scales) {
+        for (size_t i = 0; i < (size_t)n_slots * (size_t)head_dim; i += 16)
+            _mm512_storeu_ps(dst + i, load16(src + es * i));
+        return;
+    }
+    for (int32_t j = 0; j < n_slots; j++) {
+        const __m512 sj = _mm512_set1_ps(blade_bf16_to_fp32(scales[j]));
+        for (int32_t d0 = 0; d0 < head_dim; d0 += 16) {
+            size_t i = (size_t)j * (size_t)head_dim + (size_t)d0;
+            _mm512_storeu_ps(dst + i, _mm512_mul_ps(load16(src + es * i), sj));
+        }
+    }
 }
 
-A512 static void load_kt_f16(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
-                             int32_t bp)
-{
-    (void)scale;
-    load_kt_avx512(load16_f16, 2, src, kt, block_size, head_dim, bp);
-}
+#define AVX512_LOAD_KT(type, es, scaled)                                                               \
+    A512 static void load_kt_##type(const uint8_t *src, const uint16_t *scales, float *kt, int32_t block_size,  \
+                                    int32_t head_dim, int32_t bp)                                                \
+    {                                                                                                            \
+        load_kt_avx512(load16_##type, es, src, scaled ? scales : NULL, kt, block_size, head_dim, bp);   \
+    }
+#define AVX512_TILE(type, es, scaled)                                                                  \
+    AVX512_LOAD_KT(type, es, scaled)                                                                   \
+    A512 static void load_v_##type(const uint8_t *src, const uint16_t *scales, float *dst, int32_t n_slots,     \
+                                   int32_t head_dim)                                                             \
+    {                                                                                                            \
+        load_v_avx512(load16_##type, es, src, scaled ? scales : NULL, dst, n_slots, head_dim);          \
+    }                                                                                                            \
+    const attn_tile_conv blade_attn_tile_##type##_avx512 = {load_kt_##type, load_v_##type};
 
-A512 static void load_v_f16(const uint8_t *src, const float *scale, float *dst, size_t n)
-{
-    (void)scale;
-    load_v_avx512(load16_f16, 2, src, dst, n);
-}
-
-A512 static void load_kt_bf16(const uint8_t *src, const float *scale, float *kt, int32_t block_size,
-                              int32_t head_dim, int32_t bp)
-{
-    (void)scale;
-    load_kt_avx512(load16_bf16, 2, src, kt, block_size, head_dim, bp);
-}
-
-A512 static void load_v_bf16(const uint8_t *src, const float *scale, float *dst, size_t n)
-{
-    (void)scale;
-    load_v_avx512(load16_bf16, 2, src, dst, n);
-}
-
-A512 static void load_kt_f32(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
-                             int32_t bp)
-{
-    (void)scale;
-    load_kt_avx512(load16_f32, 4, src, kt, block_size, head_dim, bp);
-}
-
-const attn_tile_conv blade_attn_tile_f16_avx512 = {load_kt_f16, load_v_f16};
-const attn_tile_conv blade_attn_tile_bf16_avx512 = {load_kt_bf16, load_v_bf16};
+AVX512_TILE(f16, 2, false)
+AVX512_TILE(bf16, 2, false)
+AVX512_TILE(q8_0, 1, true)
+AVX512_TILE(fp8, 1, true)
+AVX512_LOAD_KT(f32, 4, false)
 const attn_tile_conv blade_attn_tile_f32_avx512 = {load_kt_f32, NULL};
 
 A512_INLINE __mmask16 first_lanes(int32_t n)

@@ -5,8 +5,8 @@
  * then block, then query, then query head), which is what batch invariance rests on; an
  * ISA path supplies the online-softmax update of (query, query head) rows by one tile and,
  * for every KV element type, the conversion of a store block into a tile. Every ISA's
- * conversion of a type must give the same floats (f16, bf16 and f32 convert exactly), so
- * which ISA converted a tile never shows in the results.
+ * conversion of a type must give the same floats (every type converts exactly), so which
+ * ISA converted a tile never shows in the results.
  *
  * A tile is one store block of one KV head, converted to f32: keys transposed to
  * [head_dim][bp] (bp = block_size rounded up to 16) so that the scores of a query against
@@ -43,16 +43,19 @@ typedef struct attn_tile {
 } attn_tile;
 
 /* Conversion of one store block of one KV head into the tile: src points at its
- * [slot][head_dim] elements, scale at its scales (NULL for a type without them). One
- * conversion per (KV element type, ISA), named in the type's row of kv_type.c. */
+ * [slot][head_dim] elements, scales at its slots' bfloat16 scales (NULL for a type without
+ * them), by which each slot's elements are multiplied. One conversion per (KV element type,
+ * ISA), named in the type's row of kv_type.c. Every conversion is exact (an 8-bit code
+ * times a bfloat16 scale fits in a float's 24-bit significand), so every ISA's tile holds
+ * the same floats. */
 typedef struct attn_tile_conv {
     /* All block_size keys into kt. The ISA's version needs block_size and head_dim to be
      * multiples of its lanes (attention.c uses the scalar one otherwise). */
-    void (*load_kt)(const uint8_t *src, const float *scale, float *kt, int32_t block_size, int32_t head_dim,
+    void (*load_kt)(const uint8_t *src, const uint16_t *scales, float *kt, int32_t block_size, int32_t head_dim,
                     int32_t bp);
-    /* The first n elements of the values into dst; n is a multiple of the ISA's lanes.
-     * NULL for f32, whose values the tile reads in place. */
-    void (*load_v)(const uint8_t *src, const float *scale, float *dst, size_t n);
+    /* The first n_slots slots' values into dst as [slot][head_dim]; head_dim is a multiple
+     * of the ISA's lanes. NULL for f32, whose values the tile reads in place. */
+    void (*load_v)(const uint8_t *src, const uint16_t *scales, float *dst, int32_t n_slots, int32_t head_dim);
 } attn_tile_conv;
 
 typedef struct attn_isa {
@@ -62,12 +65,15 @@ typedef struct attn_isa {
     void (*rows)(const attn_tile *t, const attn_row *r, int n);
 } attn_isa;
 
-extern const attn_tile_conv blade_attn_tile_f16_scalar, blade_attn_tile_f32_scalar, blade_attn_tile_bf16_scalar;
+extern const attn_tile_conv blade_attn_tile_f16_scalar, blade_attn_tile_f32_scalar, blade_attn_tile_bf16_scalar,
+    blade_attn_tile_q8_0_scalar, blade_attn_tile_fp8_scalar;
 #if defined(__x86_64__)
 extern const attn_isa blade_attn_avx2;
 extern const attn_isa blade_attn_avx512;
-extern const attn_tile_conv blade_attn_tile_f16_avx2, blade_attn_tile_f32_avx2, blade_attn_tile_bf16_avx2;
-extern const attn_tile_conv blade_attn_tile_f16_avx512, blade_attn_tile_f32_avx512, blade_attn_tile_bf16_avx512;
+extern const attn_tile_conv blade_attn_tile_f16_avx2, blade_attn_tile_f32_avx2, blade_attn_tile_bf16_avx2,
+    blade_attn_tile_q8_0_avx2, blade_attn_tile_fp8_avx2;
+extern const attn_tile_conv blade_attn_tile_f16_avx512, blade_attn_tile_f32_avx512, blade_attn_tile_bf16_avx512,
+    blade_attn_tile_q8_0_avx512, blade_attn_tile_fp8_avx512;
 #endif
 
 #endif

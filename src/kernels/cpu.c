@@ -1,3 +1,7 @@
+/* Which instruction sets this CPU runs (kernels.h): detected once with CPUID and XGETBV
+ * (the OS must save the wide registers too), capped by BLADE_ISA or blade_isa_set so any
+ * path can be run and compared on one machine. */
+
 #include "blade/kernels.h"
 
 #include <pthread.h>

@@ -1,11 +1,12 @@
 #ifndef BLADE_KERNELS_INTERNAL_H
 #define BLADE_KERNELS_INTERNAL_H
 
-/* Shared between the kernel files: the converted-activation layouts and the per-ISA
- * kernel tables that blade_matmul dispatches through. */
+/* Shared between the kernel files: the converted-activation and R16 layouts, and the
+ * helpers the ISA files build their kernels with (ktraits.h names the kernels). */
 
 #include "blade/kernels.h"
 #include "blade/types.h"
+#include "kernels/ktraits.h"
 #include "kernels/stream_ahead.h"
 #include "tensor/quant_ref.h"
 
@@ -204,15 +205,6 @@ static inline r16_x r16_token(uint32_t ktype, const void *row, int64_t n, int32_
     return (r16_x){a.q, a.d, side};
 }
 
-/* Vector activation converters, byte-identical to the portable ones (the same IEEE
- * operations element by element; NaNs are ignored by the block maximum and quantize to
- * -127 in both). They fill the arrays of a row that blade_act_convert has zeroed. Chosen
- * by activation form (blade_act_form), or by F16 for blade_row_from_float; NULL for forms
- * without one. */
-typedef void (*blade_act_fn)(const float *x, void *out, int64_t n);
-blade_act_fn blade_act_avx2_converter(uint32_t form);
-blade_act_fn blade_act_avx512_converter(uint32_t form);
-
 /* Calls CALL(T) with T = nt as a compile-time constant (nt <= TMAX <= 8), so each tile
  * shape is its own fully unrolled instance. */
 #define WITH_CONST_T(nt, TMAX, CALL)                                                                                   \
@@ -264,16 +256,13 @@ blade_act_fn blade_act_avx512_converter(uint32_t form);
     default: CALL(16); break;                                                                                          \
     }
 
-/* One weight type's kernel on one ISA: the blade_matmul contract minus the type. */
-typedef void (*blade_matmul_fn)(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
-                                int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1);
-
-/* Defines `name`, a blade_matmul_fn with the target attribute TARGET, that runs
- * driver(args..., ...) with the same arguments: one driver serves the weight types (and
- * instruction choices) it takes as its leading args (a type, a kind or a flag). */
+/* Defines the kernel `name` (a blade_matmul_kernel, ktraits.h) with the target attribute
+ * TARGET, that runs driver(args..., ...) with the same arguments: one driver serves the
+ * weight types (and instruction choices) it takes as its leading args (a type, a kind or
+ * a flag). */
 #define BLADE_DRIVEN_KERNEL(TARGET, name, driver, ...)                                                                 \
-    TARGET static void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,       \
-                            int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                        \
+    TARGET void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y, int64_t ldy, \
+                     int64_t n_tok, int64_t r0, int64_t r1)                                                            \
     {                                                                                                                  \
         driver(__VA_ARGS__, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                                       \
     }
@@ -288,11 +277,5 @@ static inline uint64_t gf2_bit_move(int from, int to, int n)
         m |= (uint64_t)(1u << (from + k)) << (8 * (7 - (to + k)));
     return m;
 }
-
-/* NULL where the ISA file has no kernel for the type (or, for AVX-512, where the CPU
- * lacks the extension the kernel needs; blade_matmul then uses the AVX2 kernel). */
-blade_matmul_fn blade_matmul_scalar_kernel(uint32_t type);
-blade_matmul_fn blade_matmul_avx2_kernel(uint32_t type, const blade_cpu_features *f);
-blade_matmul_fn blade_matmul_avx512_kernel(uint32_t type, const blade_cpu_features *f);
 
 #endif

@@ -19,21 +19,52 @@ static int mul_ok(size_t a, size_t b, size_t *out)
     return 1;
 }
 
+/* n rounded up to a multiple of 64; false on overflow. */
+static int round64_ok(size_t n, size_t *out)
+{
+    if (n > SIZE_MAX - 63)
+        return 0;
+    *out = (n + 63) / 64 * 64;
+    return 1;
+}
+
 static int shape_valid(const blade_kv_store_config *cfg)
 {
     return cfg->n_layer > 0 && cfg->n_head_kv > 0 && cfg->head_dim > 0;
 }
 
+typedef struct strides {
+    size_t head, head_scales, scales_at, block;
+} strides;
+
+/* The layout of one block of one layer (kv_store.h); false when a size overflows. */
+static int block_strides(const blade_kv_store_config *cfg, const kv_type_traits *tt, strides *st)
+{
+    size_t heads;
+    if (!mul_ok((size_t)cfg->block_size, (size_t)cfg->head_dim, &st->head) ||
+        !mul_ok(st->head, tt->elem_bytes, &st->head) || !mul_ok(st->head, (size_t)cfg->n_head_kv, &heads))
+        return 0;
+    st->head_scales = 0;
+    st->scales_at = heads;
+    st->block = heads;
+    if (!tt->scale_bytes)
+        return 1;
+    size_t scales;
+    /* The scales are small next to the elements, so these cannot overflow once those did not. */
+    return mul_ok((size_t)cfg->block_size, tt->scale_bytes, &st->head_scales) &&
+           mul_ok(st->head_scales, (size_t)cfg->n_head_kv, &scales) && round64_ok(heads, &st->scales_at) &&
+           st->scales_at <= SIZE_MAX - scales && round64_ok(st->scales_at + scales, &st->block);
+}
+
 size_t blade_kv_store_block_bytes(const blade_kv_store_config *cfg)
 {
     const kv_type_traits *tt = kv_type_traits_of(cfg->type);
-    if (!tt || !shape_valid(cfg) || cfg->block_size <= 0)
+    strides st;
+    if (!tt || !shape_valid(cfg) || cfg->block_size <= 0 || !block_strides(cfg, tt, &st))
         return 0;
-    /* K and V of every layer and head: block_size elements of head_dim, plus the scale. */
-    size_t n = 2, head, scale = tt->has_scales ? sizeof(float) : 0;
-    if (!mul_ok((size_t)cfg->head_dim, (size_t)cfg->block_size, &head) || !mul_ok(head, tt->elem_bytes, &head) ||
-        head > SIZE_MAX - scale || !mul_ok(n, (size_t)cfg->n_layer, &n) || !mul_ok(n, (size_t)cfg->n_head_kv, &n) ||
-        !mul_ok(n, head + scale, &n))
+    /* K and V of every layer. */
+    size_t n;
+    if (!mul_ok(2, (size_t)cfg->n_layer, &n) || !mul_ok(n, st.block, &n))
         return 0;
     return n;
 }
@@ -70,12 +101,10 @@ blade_kv_store *blade_kv_store_new(const blade_kv_store_config *cfg, blade_error
         return NULL;
     }
 
-    size_t head_stride, block_stride, area;
-    if (!mul_ok((size_t)cfg->block_size, (size_t)cfg->head_dim, &head_stride) ||
-        !mul_ok(head_stride, tt->elem_bytes, &head_stride) ||
-        !mul_ok(head_stride, (size_t)cfg->n_head_kv, &block_stride) ||
-        !mul_ok(block_stride, (size_t)cfg->n_blocks, &area) || !mul_ok(area, (size_t)cfg->n_layer, &area) ||
-        area > SIZE_MAX / 2) {
+    strides st;
+    size_t area;
+    if (!block_strides(cfg, tt, &st) || !mul_ok(st.block, (size_t)cfg->n_blocks, &area) ||
+        !mul_ok(area, (size_t)cfg->n_layer, &area) || area > SIZE_MAX / 2) {
         blade_error_set(err,
                         "KV store: %d blocks x %d tokens x %d layers x %d KV heads x %d dims of %s "
                         "overflows the address space",
@@ -95,19 +124,13 @@ blade_kv_store *blade_kv_store_new(const blade_kv_store_config *cfg, blade_error
     s->n_head_kv = cfg->n_head_kv;
     s->head_dim = cfg->head_dim;
     s->elem_bytes = tt->elem_bytes;
-    s->head_stride = head_stride;
-    s->block_stride = block_stride;
+    s->head_stride = st.head;
+    s->head_scales = st.head_scales;
+    s->scales_at = st.scales_at;
+    s->block_stride = st.block;
     s->k = map_zeroed(area);
     s->v = s->k ? map_zeroed(area) : NULL;
-    bool ok = s->k && s->v;
-    if (ok && tt->has_scales) {
-        /* At most area / (block_size * head_dim * elem_bytes), so it cannot overflow. */
-        size_t n_scales = (size_t)cfg->n_layer * (size_t)cfg->n_blocks * (size_t)cfg->n_head_kv;
-        s->k_scale = calloc(n_scales, sizeof(float));
-        s->v_scale = calloc(n_scales, sizeof(float));
-        ok = s->k_scale && s->v_scale;
-    }
-    if (!ok) {
+    if (!s->k || !s->v) {
         int e = errno;
         blade_error_set(err, "KV store: cannot allocate 2 x %zu bytes (%d blocks of %d tokens, %s): %s", area,
                         cfg->n_blocks, cfg->block_size, tt->name, strerror(e));
@@ -126,20 +149,22 @@ void blade_kv_store_free(blade_kv_store *s)
         munmap(s->k, area);
     if (s->v)
         munmap(s->v, area);
-    free(s->k_scale);
-    free(s->v_scale);
     free(s);
+}
+
+/* Byte offset of a slot's row within its head's elements. */
+static size_t row_offset(const blade_kv_store *s, int32_t slot)
+{
+    return (size_t)slot * (size_t)s->head_dim * s->elem_bytes;
 }
 
 void blade_kv_store_write_head(const blade_kv_store *s, int32_t layer, int32_t block, int32_t slot, int32_t head,
                                const float *k, const float *v)
 {
     const kv_type_traits *tt = kv_type_traits_of(s->type);
-    size_t row = (size_t)slot * (size_t)s->head_dim * s->elem_bytes;
-    tt->write_row(k, blade_kv_store_k(s, layer, block, head) + row, s->head_dim,
-                  blade_kv_store_k_scale(s, layer, block, head));
-    tt->write_row(v, blade_kv_store_v(s, layer, block, head) + row, s->head_dim,
-                  blade_kv_store_v_scale(s, layer, block, head));
+    uint16_t *ks = blade_kv_store_k_scale(s, layer, block, head), *vs = blade_kv_store_v_scale(s, layer, block, head);
+    tt->write_row(k, blade_kv_store_k(s, layer, block, head) + row_offset(s, slot), s->head_dim, ks ? ks + slot : NULL);
+    tt->write_row(v, blade_kv_store_v(s, layer, block, head) + row_offset(s, slot), s->head_dim, vs ? vs + slot : NULL);
 }
 
 void blade_kv_store_write(const blade_kv_store *s, int32_t layer, int32_t block, int32_t slot, const float *k,
@@ -148,5 +173,34 @@ void blade_kv_store_write(const blade_kv_store *s, int32_t layer, int32_t block,
     for (int32_t h = 0; h < s->n_head_kv; h++) {
         size_t src = (size_t)h * (size_t)s->head_dim;
         blade_kv_store_write_head(s, layer, block, slot, h, k + src, v + src);
+    }
+}
+
+/* One row through the scalar tile conversion, the reference every ISA's conversion matches. */
+static void read_row(const kv_type_traits *tt, const uint8_t *src, const uint16_t *scale, float *dst, int32_t n)
+{
+    const attn_tile_conv *conv = tt->tile[BLADE_ISA_SCALAR];
+    if (conv->load_v)
+        conv->load_v(src, scale, dst, 1, n);
+    else
+        memcpy(dst, src, (size_t)n * sizeof *dst);
+}
+
+void blade_kv_store_read_head(const blade_kv_store *s, int32_t layer, int32_t block, int32_t slot, int32_t head,
+                              float *k, float *v)
+{
+    const kv_type_traits *tt = kv_type_traits_of(s->type);
+    const uint16_t *ks = blade_kv_store_k_scale(s, layer, block, head), *vs = blade_kv_store_v_scale(s, layer, block, head);
+    read_row(tt, blade_kv_store_k(s, layer, block, head) + row_offset(s, slot), ks ? ks + slot : NULL, k, s->head_dim);
+    read_row(tt, blade_kv_store_v(s, layer, block, head) + row_offset(s, slot), vs ? vs + slot : NULL, v, s->head_dim);
+}
+
+void blade_kv_store_copy_block(const blade_kv_store *s, int32_t from, int32_t to)
+{
+    for (int32_t l = 0; l < s->n_layer; l++) {
+        size_t src = ((size_t)l * s->n_blocks + (size_t)from) * s->block_stride;
+        size_t dst = ((size_t)l * s->n_blocks + (size_t)to) * s->block_stride;
+        memcpy(s->k + dst, s->k + src, s->block_stride);
+        memcpy(s->v + dst, s->v + src, s->block_stride);
     }
 }

@@ -9,19 +9,18 @@
 #include "blade/kv_type.h"
 #include "kernels/attention_internal.h"
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 typedef struct kv_type_traits {
     const char *name; /* as --kv-type spells it */
     size_t elem_bytes;
-    /* A float scale per (layer, block, KV head) of K and of V, which write_row maintains
-     * and the tile conversions read. */
-    bool has_scales;
-    /* Rounds one token's n floats of one KV head into the type at dst; scale is the
-     * block's scale for the head (NULL for a type without scales). */
-    void (*write_row)(const float *src, uint8_t *dst, int32_t n, float *scale);
+    /* Bytes of the scale of one token's row of one KV head: a bfloat16, which write_row
+     * chooses and the tile conversions multiply by; 0 for a type without scales. */
+    size_t scale_bytes;
+    /* Rounds one token's n floats of one KV head into the type at dst; scale is that row's
+     * scale (NULL for a type without scales). */
+    void (*write_row)(const float *src, uint8_t *dst, int32_t n, uint16_t *scale);
     /* The attention tile conversion for each ISA. */
     const attn_tile_conv *tile[BLADE_ISA_COUNT];
 } kv_type_traits;

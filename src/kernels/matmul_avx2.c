@@ -161,8 +161,8 @@ TGT INLINE void q32_matmul(bool q4, const void *W, size_t w_stride, const void *
     free(pk);
 }
 
-BLADE_DRIVEN_KERNEL(TGT, mm_q4_0, q32_matmul, true)
-BLADE_DRIVEN_KERNEL(TGT, mm_q8_0, q32_matmul, false)
+BLADE_DRIVEN_KERNEL(TGT, blade_mm_avx2_q4_0, q32_matmul, true)
+BLADE_DRIVEN_KERNEL(TGT, blade_mm_avx2_q8_0, q32_matmul, false)
 
 /* ------------------------------------------------------------------- R16 ----
  * Q4_0/Q8_0 repacked at load (kernels_internal.h), eight rows per vector: each group is
@@ -604,11 +604,11 @@ TGT INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_st
     free(side);
 }
 
-BLADE_DRIVEN_KERNEL(TGT, mm_q4_0_r16, r16_matmul, BLADE_KTYPE_Q4_0_R16, false)
-BLADE_DRIVEN_KERNEL(TGT, mm_q8_0_r16, r16_matmul, BLADE_KTYPE_Q8_0_R16, false)
-BLADE_DRIVEN_KERNEL(TGT, mm_q4_k_r16, r16_matmul, BLADE_KTYPE_Q4_K_R16, false)
-BLADE_DRIVEN_KERNEL(TGT, mm_q6_k_r16, r16_matmul, BLADE_KTYPE_Q6_K_R16, false)
-BLADE_DRIVEN_KERNEL(TGT, mm_q6_k_r16_gfni, r16_matmul, BLADE_KTYPE_Q6_K_R16, true)
+BLADE_DRIVEN_KERNEL(TGT, blade_mm_avx2_q4_0_r16, r16_matmul, BLADE_KTYPE_Q4_0_R16, false)
+BLADE_DRIVEN_KERNEL(TGT, blade_mm_avx2_q8_0_r16, r16_matmul, BLADE_KTYPE_Q8_0_R16, false)
+BLADE_DRIVEN_KERNEL(TGT, blade_mm_avx2_q4_k_r16, r16_matmul, BLADE_KTYPE_Q4_K_R16, false)
+BLADE_DRIVEN_KERNEL(TGT, blade_mm_avx2_q6_k_r16, r16_matmul, BLADE_KTYPE_Q6_K_R16, false)
+BLADE_DRIVEN_KERNEL(TGT, blade_mm_avx2_q6_k_r16_gfni, r16_matmul, BLADE_KTYPE_Q6_K_R16, true)
 
 /* ------------------------------------------------------------ Q4_K, Q5_K, Q6_K ----
  * Unit: a 256 super-block as eight 32-byte vectors of unsigned quants in natural order;
@@ -787,9 +787,9 @@ TGT INLINE void k_matmul(enum k_kind kind, const void *W, size_t w_stride, const
     free(pk);
 }
 
-BLADE_DRIVEN_KERNEL(TGT, mm_q4_k, k_matmul, K4)
-BLADE_DRIVEN_KERNEL(TGT, mm_q5_k, k_matmul, K5)
-BLADE_DRIVEN_KERNEL(TGT, mm_q6_k, k_matmul, K6)
+BLADE_DRIVEN_KERNEL(TGT, blade_mm_avx2_q4_k, k_matmul, K4)
+BLADE_DRIVEN_KERNEL(TGT, blade_mm_avx2_q5_k, k_matmul, K5)
+BLADE_DRIVEN_KERNEL(TGT, blade_mm_avx2_q6_k, k_matmul, K6)
 
 /* ------------------------------------------------------------ F32, F16, BF16 ----
  * Unit: 8 weights (F32, F16) or 16 (BF16), one FMA per 8 weights and (row, token). A
@@ -953,19 +953,12 @@ TGT INLINE void f_matmul(enum f_kind kind, const void *W, size_t w_stride, const
     free(floats);
 }
 
-#define F_KERNEL(name, kind)                                                                                 \
-    TGT static void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y, \
-                         int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                 \
-    {                                                                                                        \
-        f_matmul(kind, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                                 \
-    }
-
-F_KERNEL(mm_f32, F32)
-F_KERNEL(mm_f16, F16)
-F_KERNEL(mm_bf16, BF16)
+BLADE_DRIVEN_KERNEL(TGT, blade_mm_avx2_f32, f_matmul, F32)
+BLADE_DRIVEN_KERNEL(TGT, blade_mm_avx2_f16, f_matmul, F16)
+BLADE_DRIVEN_KERNEL(TGT, blade_mm_avx2_bf16, f_matmul, BF16)
 
 /* ---------------------------------------------------------- activation rows ----
- * Same arithmetic as matmul.c's portable converters, eight elements at a time. */
+ * Same arithmetic as matmul_scalar.c's portable converters, eight elements at a time. */
 
 /* |x| with NaNs as zero, so the block maximum skips them as the scalar comparison does. */
 TGT INLINE __m256 abs_ordered(__m256 x)
@@ -1005,7 +998,7 @@ TGT INLINE void store16_i8(int8_t *q, __m256i a, __m256i b)
     _mm_storeu_si128((__m128i *)q, v);
 }
 
-TGT static void act_q8(const float *x, void *out, int64_t n)
+TGT void blade_act_avx2_q8_0(const float *x, void *out, int64_t n)
 {
     act_q8_view v = act_q8_at(out, n);
     int8_t *q = (int8_t *)v.q;
@@ -1030,7 +1023,7 @@ TGT static void act_q8(const float *x, void *out, int64_t n)
     }
 }
 
-TGT static void act_k(const float *x, void *out, int64_t n)
+TGT void blade_act_avx2_q8_k(const float *x, void *out, int64_t n)
 {
     act_k_view v = act_k_at(out, n);
     int8_t *q = (int8_t *)v.q;
@@ -1055,7 +1048,7 @@ TGT static void act_k(const float *x, void *out, int64_t n)
     }
 }
 
-TGT static void act_bf16(const float *x, void *out, int64_t n)
+TGT void blade_act_avx2_bf16(const float *x, void *out, int64_t n)
 {
     uint16_t *o = out;
     int64_t i = 0;
@@ -1083,7 +1076,7 @@ TGT static void act_bf16(const float *x, void *out, int64_t n)
  * rounds to nearest even and quiets NaNs keeping their top payload bits, as
  * blade_fp32_to_fp16 does; one value at a time, that function took a sixth of a decode
  * step's attention pass. */
-TGT static void row_f16(const float *x, void *out, int64_t n)
+TGT void blade_act_avx2_f16(const float *x, void *out, int64_t n)
 {
     uint16_t *o = out;
     int64_t i = 0;
@@ -1091,54 +1084,6 @@ TGT static void row_f16(const float *x, void *out, int64_t n)
         _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
     for (; i < n; i++)
         o[i] = blade_fp32_to_fp16(x[i]);
-}
-
-blade_act_fn blade_act_avx2_converter(uint32_t form)
-{
-    switch (form) {
-    case BLADE_TYPE_F16:
-        return row_f16;
-    case BLADE_TYPE_Q8_0:
-        return act_q8;
-    case BLADE_TYPE_Q8_K:
-        return act_k;
-    case BLADE_TYPE_BF16:
-        return act_bf16;
-    default:
-        return NULL;
-    }
-}
-
-blade_matmul_fn blade_matmul_avx2_kernel(uint32_t type, const blade_cpu_features *f)
-{
-    switch (type) {
-    case BLADE_TYPE_F32:
-        return mm_f32;
-    case BLADE_TYPE_F16:
-        return mm_f16;
-    case BLADE_TYPE_BF16:
-        return mm_bf16;
-    case BLADE_TYPE_Q8_0:
-        return mm_q8_0;
-    case BLADE_TYPE_Q4_0:
-        return mm_q4_0;
-    case BLADE_TYPE_Q4_K:
-        return mm_q4_k;
-    case BLADE_TYPE_Q5_K:
-        return mm_q5_k;
-    case BLADE_TYPE_Q6_K:
-        return mm_q6_k;
-    case BLADE_KTYPE_Q4_0_R16:
-        return mm_q4_0_r16;
-    case BLADE_KTYPE_Q8_0_R16:
-        return mm_q8_0_r16;
-    case BLADE_KTYPE_Q4_K_R16:
-        return mm_q4_k_r16;
-    case BLADE_KTYPE_Q6_K_R16:
-        return f->gfni ? mm_q6_k_r16_gfni : mm_q6_k_r16;
-    default:
-        return NULL;
-    }
 }
 
 #endif

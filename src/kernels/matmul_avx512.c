@@ -273,8 +273,8 @@ TGT_Q INLINE void q32_matmul(bool q4, const void *W, size_t w_stride, const void
     free(pk);
 }
 
-BLADE_DRIVEN_KERNEL(TGT_Q, mm_q4_0, q32_matmul, true)
-BLADE_DRIVEN_KERNEL(TGT_Q, mm_q8_0, q32_matmul, false)
+BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q4_0, q32_matmul, true)
+BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q8_0, q32_matmul, false)
 
 /* ------------------------------------------------------------------- R16 ----
  * Q4_0/Q8_0 repacked at load (kernels_internal.h). Per block and token: the 16 rows'
@@ -626,11 +626,11 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_
         free(side);
 }
 
-BLADE_DRIVEN_KERNEL(TGT_Q, mm_q4_0_r16, r16_matmul, BLADE_KTYPE_Q4_0_R16, false)
-BLADE_DRIVEN_KERNEL(TGT_Q, mm_q8_0_r16, r16_matmul, BLADE_KTYPE_Q8_0_R16, false)
-BLADE_DRIVEN_KERNEL(TGT_Q, mm_q4_k_r16, r16_matmul, BLADE_KTYPE_Q4_K_R16, false)
-BLADE_DRIVEN_KERNEL(TGT_Q, mm_q6_k_r16, r16_matmul, BLADE_KTYPE_Q6_K_R16, false)
-BLADE_DRIVEN_KERNEL(TGT_Q, mm_q6_k_r16_gfni, r16_matmul, BLADE_KTYPE_Q6_K_R16, true)
+BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q4_0_r16, r16_matmul, BLADE_KTYPE_Q4_0_R16, false)
+BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q8_0_r16, r16_matmul, BLADE_KTYPE_Q8_0_R16, false)
+BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q4_k_r16, r16_matmul, BLADE_KTYPE_Q4_K_R16, false)
+BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q6_k_r16, r16_matmul, BLADE_KTYPE_Q6_K_R16, false)
+BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q6_k_r16_gfni, r16_matmul, BLADE_KTYPE_Q6_K_R16, true)
 
 /* ------------------------------------------------------------ Q4_K, Q5_K, Q6_K ----
  * Unit: a 256 super-block as four 64-byte vectors of unsigned quants in natural element
@@ -874,9 +874,9 @@ TGT_Q INLINE void k_matmul(enum k_kind kind, const void *W, size_t w_stride, con
     free(pk);
 }
 
-BLADE_DRIVEN_KERNEL(TGT_Q, mm_q4_k, k_matmul, K4)
-BLADE_DRIVEN_KERNEL(TGT_Q, mm_q5_k, k_matmul, K5)
-BLADE_DRIVEN_KERNEL(TGT_Q, mm_q6_k, k_matmul, K6)
+BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q4_k, k_matmul, K4)
+BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q5_k, k_matmul, K5)
+BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q6_k, k_matmul, K6)
 
 /* ------------------------------------------------------------ F32, F16, BF16 ----
  * Unit: 16 weights (32 for vdpbf16ps) against f32 (bf16) activations, one FMA per unit
@@ -1049,8 +1049,8 @@ TGT_BF INLINE void bf16_tile(int R, int T, const uint8_t *const *rows, const uin
 
 /* Drives either tile function over the row range and token range. */
 #define F_DRIVER(TGT, name, TILE, ROW, xtype)                                                                 \
-    TGT static void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,  \
-                         int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                  \
+    TGT void name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,         \
+                  int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                         \
     {                                                                                                         \
         const uint8_t *rows[F_TILE_R];                                                                        \
         const xtype *xs[F_TILE_T];                                                                            \
@@ -1088,12 +1088,12 @@ TGT_BF INLINE void bf16_tile(int R, int T, const uint8_t *const *rows, const uin
 #define TILE_BF16_FULL(T) TILE_BF16(F_TILE_R, T)
 #define ROW_F32(row, x, n, end) f_row(F32, row, x, n, end)
 #define ROW_F16(row, x, n, end) f_row(F16, row, x, n, end)
-F_DRIVER(TGT_F, mm_f32, TILE_F32, ROW_F32, float)
-F_DRIVER(TGT_F, mm_f16, TILE_F16, ROW_F16, float)
-F_DRIVER(TGT_BF, mm_bf16, TILE_BF16, bf16_row, uint16_t)
+F_DRIVER(TGT_F, blade_mm_avx512_f32, TILE_F32, ROW_F32, float)
+F_DRIVER(TGT_F, blade_mm_avx512_f16, TILE_F16, ROW_F16, float)
+F_DRIVER(TGT_BF, blade_mm_avx512_bf16, TILE_BF16, bf16_row, uint16_t)
 
 /* ---------------------------------------------------------- activation rows ----
- * Same arithmetic as matmul.c's portable converters, sixteen elements at a time. */
+ * Same arithmetic as matmul_scalar.c's portable converters, sixteen elements at a time. */
 
 /* |x| with NaNs as zero, so the block maximum skips them as the scalar comparison does. */
 TGT_F INLINE __m512 abs_ordered(__m512 x)
@@ -1108,7 +1108,7 @@ TGT_F INLINE __m512i quantize16(__m512 x, __m512 id)
     return _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
 }
 
-TGT_F static void act_q8(const float *x, void *out, int64_t n)
+TGT_F void blade_act_avx512_q8_0(const float *x, void *out, int64_t n)
 {
     act_q8_view v = act_q8_at(out, n);
     int8_t *q = (int8_t *)v.q;
@@ -1128,7 +1128,7 @@ TGT_F static void act_q8(const float *x, void *out, int64_t n)
     }
 }
 
-TGT_F static void act_k(const float *x, void *out, int64_t n)
+TGT_F void blade_act_avx512_q8_k(const float *x, void *out, int64_t n)
 {
     act_k_view v = act_k_at(out, n);
     int8_t *q = (int8_t *)v.q;
@@ -1152,7 +1152,7 @@ TGT_F static void act_k(const float *x, void *out, int64_t n)
     }
 }
 
-TGT_F static void act_bf16(const float *x, void *out, int64_t n)
+TGT_F void blade_act_avx512_bf16(const float *x, void *out, int64_t n)
 {
     uint16_t *o = out;
     for (int64_t i = 0; i < n; i += 16) {
@@ -1166,52 +1166,6 @@ TGT_F static void act_bf16(const float *x, void *out, int64_t n)
         r = _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), nan,
                                   _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
         _mm256_mask_storeu_epi16(o + i, k, _mm512_cvtepi32_epi16(r));
-    }
-}
-
-blade_act_fn blade_act_avx512_converter(uint32_t form)
-{
-    switch (form) {
-    case BLADE_TYPE_Q8_0:
-        return act_q8;
-    case BLADE_TYPE_Q8_K:
-        return act_k;
-    case BLADE_TYPE_BF16:
-        return act_bf16;
-    default:
-        return NULL;
-    }
-}
-
-blade_matmul_fn blade_matmul_avx512_kernel(uint32_t type, const blade_cpu_features *f)
-{
-    switch (type) {
-    case BLADE_TYPE_F32:
-        return mm_f32;
-    case BLADE_TYPE_F16:
-        return mm_f16;
-    case BLADE_TYPE_BF16:
-        return f->avx512bf16 ? mm_bf16 : NULL;
-    case BLADE_TYPE_Q8_0:
-        return f->avx512vnni ? mm_q8_0 : NULL;
-    case BLADE_TYPE_Q4_0:
-        return f->avx512vnni ? mm_q4_0 : NULL;
-    case BLADE_TYPE_Q4_K:
-        return f->avx512vnni ? mm_q4_k : NULL;
-    case BLADE_TYPE_Q5_K:
-        return f->avx512vnni ? mm_q5_k : NULL;
-    case BLADE_TYPE_Q6_K:
-        return f->avx512vnni ? mm_q6_k : NULL;
-    case BLADE_KTYPE_Q4_0_R16:
-        return f->avx512vnni ? mm_q4_0_r16 : NULL;
-    case BLADE_KTYPE_Q8_0_R16:
-        return f->avx512vnni ? mm_q8_0_r16 : NULL;
-    case BLADE_KTYPE_Q4_K_R16:
-        return f->avx512vnni ? mm_q4_k_r16 : NULL;
-    case BLADE_KTYPE_Q6_K_R16:
-        return !f->avx512vnni ? NULL : f->gfni ? mm_q6_k_r16_gfni : mm_q6_k_r16;
-    default:
-        return NULL;
     }
 }
 

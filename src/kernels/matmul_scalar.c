@@ -5,7 +5,8 @@
 
 /* Portable kernels: one dot product per (row, token), written for clarity. Integer sums
  * per block are exact and the float accumulation runs block by block in order, so
- * the result depends on nothing but the two rows. */
+ * the result depends on nothing but the two rows. Also the portable activation
+ * converters, whose bytes the vector ones reproduce. */
 
 typedef float (*dot_fn)(const uint8_t *w, const void *x, int64_t n);
 
@@ -258,10 +259,10 @@ static void mm_k_r16(uint32_t ktype, const void *W, size_t w_stride, const void 
     }
 }
 
-BLADE_DRIVEN_KERNEL(, mm_q4_k_r16, mm_k_r16, BLADE_KTYPE_Q4_K_R16)
-BLADE_DRIVEN_KERNEL(, mm_q6_k_r16, mm_k_r16, BLADE_KTYPE_Q6_K_R16)
-BLADE_DRIVEN_KERNEL(, mm_q4_0_r16, mm_r16, BLADE_KTYPE_Q4_0_R16)
-BLADE_DRIVEN_KERNEL(, mm_q8_0_r16, mm_r16, BLADE_KTYPE_Q8_0_R16)
+BLADE_DRIVEN_KERNEL(, blade_mm_scalar_q4_k_r16, mm_k_r16, BLADE_KTYPE_Q4_K_R16)
+BLADE_DRIVEN_KERNEL(, blade_mm_scalar_q6_k_r16, mm_k_r16, BLADE_KTYPE_Q6_K_R16)
+BLADE_DRIVEN_KERNEL(, blade_mm_scalar_q4_0_r16, mm_r16, BLADE_KTYPE_Q4_0_R16)
+BLADE_DRIVEN_KERNEL(, blade_mm_scalar_q8_0_r16, mm_r16, BLADE_KTYPE_Q8_0_R16)
 
 static void run(dot_fn dot, const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y,
                 int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)
@@ -271,50 +272,73 @@ static void run(dot_fn dot, const void *W, size_t w_stride, const void *X, size_
             Y[t * ldy + r] = dot((const uint8_t *)W + r * w_stride, (const uint8_t *)X + t * x_stride, n);
 }
 
-#define SCALAR_KERNEL(name)                                                                                  \
-    static void mm_##name(const void *W, size_t w_stride, const void *X, size_t x_stride, int64_t n, float *Y, \
-                          int64_t ldy, int64_t n_tok, int64_t r0, int64_t r1)                                \
-    {                                                                                                        \
-        run(dot_##name, W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);                                 \
-    }
+BLADE_DRIVEN_KERNEL(, blade_mm_scalar_f32, run, dot_f32)
+BLADE_DRIVEN_KERNEL(, blade_mm_scalar_f16, run, dot_f16)
+BLADE_DRIVEN_KERNEL(, blade_mm_scalar_bf16, run, dot_bf16)
+BLADE_DRIVEN_KERNEL(, blade_mm_scalar_q8_0, run, dot_q8_0)
+BLADE_DRIVEN_KERNEL(, blade_mm_scalar_q4_0, run, dot_q4_0)
+BLADE_DRIVEN_KERNEL(, blade_mm_scalar_q4_k, run, dot_q4_k)
+BLADE_DRIVEN_KERNEL(, blade_mm_scalar_q5_k, run, dot_q5_k)
+BLADE_DRIVEN_KERNEL(, blade_mm_scalar_q6_k, run, dot_q6_k)
 
-SCALAR_KERNEL(f32)
-SCALAR_KERNEL(f16)
-SCALAR_KERNEL(bf16)
-SCALAR_KERNEL(q8_0)
-SCALAR_KERNEL(q4_0)
-SCALAR_KERNEL(q4_k)
-SCALAR_KERNEL(q5_k)
-SCALAR_KERNEL(q6_k)
+/* ---- activation rows (kernels_internal.h) ---- */
 
-blade_matmul_fn blade_matmul_scalar_kernel(uint32_t type)
+void blade_act_scalar_f32(const float *x, void *out, int64_t n)
 {
-    switch (type) {
-    case BLADE_TYPE_F32:
-        return mm_f32;
-    case BLADE_TYPE_F16:
-        return mm_f16;
-    case BLADE_TYPE_BF16:
-        return mm_bf16;
-    case BLADE_TYPE_Q8_0:
-        return mm_q8_0;
-    case BLADE_TYPE_Q4_0:
-        return mm_q4_0;
-    case BLADE_TYPE_Q4_K:
-        return mm_q4_k;
-    case BLADE_TYPE_Q5_K:
-        return mm_q5_k;
-    case BLADE_TYPE_Q6_K:
-        return mm_q6_k;
-    case BLADE_KTYPE_Q4_0_R16:
-        return mm_q4_0_r16;
-    case BLADE_KTYPE_Q8_0_R16:
-        return mm_q8_0_r16;
-    case BLADE_KTYPE_Q4_K_R16:
-        return mm_q4_k_r16;
-    case BLADE_KTYPE_Q6_K_R16:
-        return mm_q6_k_r16;
-    default:
-        return NULL;
+    memcpy(out, x, (size_t)n * sizeof(float));
+}
+
+/* Symmetric int8 quantization of len values against their largest magnitude; returns the
+ * scale d with x ~= d*q. Rounding is to nearest (lrintf in the default mode), so each
+ * element's error is at most d/2 = amax/254. Blocks too small to invert safely are
+ * treated as zero: they cannot move a dot product measurably. */
+static float quantize_run(const float *x, int len, int8_t *q)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < len; i++) {
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
     }
+    if (!(amax >= 1e-30f)) {
+        memset(q, 0, (size_t)len);
+        return 0.0f;
+    }
+    float id = 127.0f / amax;
+    for (int i = 0; i < len; i++) {
+        long v = lrintf(x[i] * id);
+        q[i] = (int8_t)(v < -127 ? -127 : v > 127 ? 127 : v);
+    }
+    return amax / 127.0f;
+}
+
+static int32_t sum_q(const int8_t *q, int len)
+{
+    int32_t s = 0;
+    for (int i = 0; i < len; i++)
+        s += q[i];
+    return s;
+}
+
+void blade_act_scalar_q8_0(const float *x, void *out, int64_t n)
+{
+    act_q8_view v = act_q8_at(out, n);
+    int8_t *q = (int8_t *)v.q;
+    float *d = (float *)v.d;
+    int32_t *sum = (int32_t *)v.sum;
+    for (int64_t b = 0; b < n / QK8_0; b++) {
+        d[b] = quantize_run(x + b * QK8_0, QK8_0, q + b * QK8_0);
+        sum[b] = sum_q(q + b * QK8_0, QK8_0);
+    }
+}
+
+void blade_act_scalar_q8_k(const float *x, void *out, int64_t n)
+{
+    act_k_view v = act_k_at(out, n);
+    int8_t *q = (int8_t *)v.q;
+    float *d = (float *)v.d;
+    int16_t *sum16 = (int16_t *)v.sum16;
+    for (int64_t b = 0; b < n / QK_K; b++)
+        d[b] = quantize_run(x + b * QK_K, QK_K, q + b * QK_K);
+    for (int64_t g = 0; g < n / 16; g++)
+        sum16[g] = (int16_t)sum_q(q + g * 16, 16);
 }

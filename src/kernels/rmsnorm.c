@@ -1,3 +1,7 @@
+/* RMSNorm (kernels.h) with scalar, AVX2 and AVX-512 paths that give the same bits: the
+ * sum of squares runs in double over a fixed partition of the row, so the vector width
+ * never changes the result. */
+
 #include "blade/kernels.h"
 
 #include <math.h>

@@ -1,3 +1,6 @@
+/* SwiGLU (kernels.h) over runs of gate/up pairs, with scalar, AVX2 and AVX-512 paths that
+ * perform the same operations after the exponential. */
+
 #include "blade/kernels.h"
 
 #include "exp_neg.h"

@@ -1,3 +1,7 @@
+/* The thread pool every kernel runs on (kernels.h): persistent workers that spin briefly,
+ * then sleep, waiting for the next run, because a decode step issues hundreds of short
+ * runs; and the count of physical cores the default size comes from. */
+
 #include "blade/kernels.h"
 
 #include <pthread.h>

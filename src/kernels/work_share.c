@@ -1,3 +1,7 @@
+/* Work sharing for uneven loops (kernels.h): each thread owns a share of the units and
+ * takes pieces from its front, and a thread that runs out steals half of what is left at
+ * the back of another's, with one atomic word per share. */
+
 #include "blade/kernels.h"
 
 #include <stdatomic.h>

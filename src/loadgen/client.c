@@ -1,3 +1,5 @@
+/* The measuring client (see client.h): one thread drives every stream through libcurl's
+ * multi interface and sleeps in curl_multi_poll whenever nothing can move. */
 #include "loadgen/client.h"
 
 #include <curl/curl.h>
@@ -6,7 +8,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/time.h>
 #include <time.h>
+
+/* The longest sleep in curl_multi_poll when nothing is due: a bound, not a tick. */
+#define MAX_WAIT_MS 1000
+/* Seconds between progress reports, when there is a progress callback. */
+#define PROGRESS_INTERVAL 0.1
 
 /* A NUL-terminated growable buffer; after a failed allocation it keeps what it had and
  * sets failed. */
@@ -49,6 +58,19 @@ static double mono(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* CPU seconds (user + system) of every thread of this process so far, and its peak
+ * resident set in bytes. */
+static double process_cpu(int64_t *peak_rss)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return NAN;
+    if (peak_rss)
+        *peak_rss = (int64_t)ru.ru_maxrss * 1024; /* Linux counts it in KiB */
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+           (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
 /* ---- records ---- */
@@ -730,12 +752,16 @@ static int drain_messages(runner *r, lg_record *warm, bool *warm_done, blade_err
     return 0;
 }
 
+/* Sleeps until a socket is ready, one of libcurl's own timers fires (curl_multi_poll
+ * shortens the wait to those itself) or wait_s has passed, then moves every transfer on.
+ * The callers bound wait_s by the next thing that can happen, never by something that
+ * cannot yet, so a client with nothing to do takes no CPU from the server it measures. */
 static void poll_once(runner *r, double wait_s)
 {
     int running;
     curl_multi_perform(r->multi, &running);
-    int ms = (int)ceil(wait_s * 1000);
-    curl_multi_poll(r->multi, NULL, 0, ms < 0 ? 0 : ms > 100 ? 100 : ms, NULL);
+    double ms = ceil(wait_s * 1000);
+    curl_multi_poll(r->multi, NULL, 0, !(ms > 0) ? 0 : ms > MAX_WAIT_MS ? MAX_WAIT_MS : (int)ms, NULL);
     curl_multi_perform(r->multi, &running);
 }
 
@@ -753,7 +779,7 @@ static int warmup(runner *r, blade_error *err)
     bool done = false;
     r->t0 = mono();
     while (!done) {
-        poll_once(r, 0.1);
+        poll_once(r, MAX_WAIT_MS / 1e3);
         if (drain_messages(r, &rec, &done, err))
             goto out;
     }
@@ -817,6 +843,7 @@ int lg_run(const lg_run_config *cfg, lg_run_result *out, blade_error *err)
     memset(out, 0, sizeof *out);
     runner r = {.cfg = cfg, .res = out};
     int rc = -1;
+    double cpu0 = process_cpu(NULL), wall0 = mono();
     r.multi = curl_multi_init();
     r.completions_url = join_url(cfg->url, "/v1/completions");
     struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
@@ -840,7 +867,7 @@ int lg_run(const lg_run_config *cfg, lg_run_result *out, blade_error *err)
     r.next_scrape = cfg->scrape_interval;
     lg_arrivals arr;
     lg_arrivals_init(&arr, cfg->request_rate, cfg->burstiness, cfg->seed);
-    double next_arrival = lg_arrivals_next(&arr), last_progress = -1;
+    double next_arrival = lg_arrivals_next(&arr), next_progress = 0;
     int64_t planned = 0, next_session = 0;
     for (;;) {
         double now = mono() - r.t0;
@@ -856,20 +883,25 @@ int lg_run(const lg_run_config *cfg, lg_run_result *out, blade_error *err)
         bool all_planned = r.stopped || (cfg->num_requests > 0 && planned >= cfg->num_requests);
         if (all_planned && r.in_flight == 0 && !r.ready_head)
             break;
-        double wait = 0.1;
-        if (!all_planned && next_arrival - now < wait)
-            wait = next_arrival - now;
-        if (cfg->duration > 0 && cfg->duration - now < wait)
-            wait = cfg->duration - now;
-        if (r.scraping && r.next_scrape - now < wait)
-            wait = r.next_scrape - now;
-        poll_once(&r, wait);
+        /* An arrival the concurrency limit holds back starts when a request finishes, which
+         * its socket tells; only one that could start now is a reason to wake. */
+        double until = INFINITY;
+        if (!all_planned && (cfg->max_concurrency <= 0 || r.in_flight < cfg->max_concurrency))
+            until = next_arrival;
+        if (cfg->duration > 0 && !r.stopped && cfg->duration < until)
+            until = cfg->duration;
+        /* A sample still in flight is waited for on its socket. */
+        if (r.scraping && !r.scrape && r.next_scrape < until)
+            until = r.next_scrape;
+        if (cfg->progress && next_progress < until)
+            until = next_progress;
+        poll_once(&r, until - now);
         if (drain_messages(&r, NULL, NULL, err))
             goto out;
         double t = mono();
-        if (t - last_progress >= 0.1) {
+        if (t - r.t0 >= next_progress) {
             report_progress(&r, t);
-            last_progress = t;
+            next_progress = t - r.t0 + PROGRESS_INTERVAL;
         }
     }
     out->duration = 0;
@@ -880,6 +912,8 @@ int lg_run(const lg_run_config *cfg, lg_run_result *out, blade_error *err)
         scrape_now(&r, mono() - r.t0);
     out->scraped = out->n_samples > 0;
     report_progress(&r, mono());
+    out->client_cpu = process_cpu(&out->client_peak_rss) - cpu0;
+    out->client_wall = mono() - wall0;
     rc = 0;
 out:
     while (r.ready_head)

@@ -100,6 +100,11 @@ typedef struct lg_run_result {
     lg_sample *samples;
     size_t n_samples;
     bool scraped;         /* the endpoint exposes blade's /metrics */
+    /* What the client itself cost, from the start of lg_run (warm-up included) to its end:
+     * CPU seconds of this process (user + system, every thread) and wall seconds, and the
+     * process's peak resident set (ru_maxrss) in bytes. */
+    double client_cpu, client_wall;
+    int64_t client_peak_rss;
 } lg_run_result;
 
 /* -1 only when the run could not take place (the warm-up request failed, or memory ran

@@ -1,3 +1,6 @@
+/* `blade bench compare` (compare.h): two --json results of `blade bench serve` side by
+ * side, and a regression beyond the allowed percentage as a failing exit status. */
+
 #include "loadgen/compare.h"
 
 #include "common/file.h"

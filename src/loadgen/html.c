@@ -1,3 +1,6 @@
+/* The --report page of `blade bench serve` (html.h): one self-contained HTML file with
+ * inline SVG charts, which opens anywhere without a network. */
+
 #include "loadgen/html.h"
 
 #include <errno.h>
@@ -471,6 +474,8 @@ int lg_write_html(const char *path, const char *title, const json_t *config, con
     figure_row(f, "KV blocks held, peak (%)", "%.1f", s->kv_usage_peak * 100);
     figure_row(f, "prefix-cache hit rate (%)", "%.1f", s->prefix_hit_rate * 100);
     figure_row(f, "KV slot utilisation (%)", "%.1f", s->kv_utilisation * 100);
+    figure_row(f, "client CPU (% of one core)", "%.1f", s->client_cpu_share * 100);
+    figure_row(f, "client peak RSS (MiB)", "%.1f", (double)s->client_peak_rss / (1 << 20));
     fprintf(f, "</table>\n<h2>Latency (ms)</h2><table><tr><th></th><th>mean</th><th>median</th><th>p90</th>"
                "<th>p99</th><th>max</th><th>n</th></tr>\n");
     dist_row(f, "TTFT", &s->ttft);

@@ -1,3 +1,6 @@
+/* The arithmetic behind every figure of `blade bench serve` (stats.h): percentiles,
+ * distributions, cost per million tokens and SLO checks, free of I/O so tests can pin it. */
+
 #include "loadgen/stats.h"
 
 #include <errno.h>

@@ -1,3 +1,6 @@
+/* From a run's records to the figures `blade bench serve` reports (summary.h), printed as
+ * a table and written as JSON. */
+
 #include "loadgen/summary.h"
 
 #include <math.h>
@@ -111,6 +114,10 @@ int lg_summarize(const lg_run_result *r, double price_per_hour, const lg_slo *sl
     s->hours_output = lg_cost_per_million(1.0, s->duration, (double)s->output_tokens);
     s->hours_total = lg_cost_per_million(1.0, s->duration, (double)(s->input_tokens + s->output_tokens));
     server_figures(r, s);
+    s->client_cpu = r->client_cpu;
+    s->client_wall = r->client_wall;
+    s->client_cpu_share = r->client_wall > 0 ? r->client_cpu / r->client_wall : NAN;
+    s->client_peak_rss = r->client_peak_rss;
     rc = 0;
 out:
     for (int i = 0; i < 4; i++)
@@ -164,6 +171,19 @@ void lg_summary_print(FILE *out, const lg_summary *s)
             fprintf(out, "; KV slot utilisation %.1f%%", s->kv_utilisation * 100);
         fprintf(out, "\n");
     }
+    fprintf(out, "client              CPU %.2f s in %.2f s (%.1f%% of one core), peak RSS %.1f MiB\n", s->client_cpu,
+            s->client_wall, s->client_cpu_share * 100, (double)s->client_peak_rss / (1 << 20));
+}
+
+bool lg_summary_warn_client(FILE *err, const lg_summary *s)
+{
+    if (!(s->client_cpu_share > LG_CLIENT_CPU_WARN))
+        return false;
+    fprintf(err,
+            "warning: the benchmark client itself used %.1f%% of a core over the run (%.2f s of CPU in %.2f s), "
+            "over %.0f%%: on a machine with few cores it takes CPU time from the server it measures\n",
+            s->client_cpu_share * 100, s->client_cpu, s->client_wall, LG_CLIENT_CPU_WARN * 100);
+    return true;
 }
 
 json_t *lg_json_number(double v)
@@ -233,6 +253,10 @@ void lg_summary_to_json(const lg_summary *s, json_t *obj)
                                   lg_json_number(s->kv_blocks_total), "prefix_cache_hit_rate",
                                   lg_json_number(s->prefix_hit_rate), "kv_utilisation",
                                   lg_json_number(s->kv_utilisation)));
+    json_object_set_new(obj, "client",
+                        json_pack("{s:o, s:o, s:o, s:I}", "cpu_s", lg_json_number(s->client_cpu), "wall_s",
+                                  lg_json_number(s->client_wall), "cpu_share", lg_json_number(s->client_cpu_share),
+                                  "peak_rss_bytes", (json_int_t)s->client_peak_rss));
 }
 
 json_t *lg_requests_json(const lg_run_result *r)

@@ -39,14 +39,24 @@ typedef struct lg_summary {
     double kv_usage_mean, kv_usage_peak, kv_blocks_total;
     double prefix_hit_rate; /* hits / lookups between the first and last sample */
     double kv_utilisation;  /* the server's own figure at the end of the run */
+    /* the client's own cost over the run (lg_run_result): CPU and wall seconds, their
+     * ratio (1 = one core busy the whole time) and its peak resident set in bytes */
+    double client_cpu, client_wall, client_cpu_share;
+    int64_t client_peak_rss;
 } lg_summary;
+
+/* Over this share of one core the client competes with the server it measures. */
+#define LG_CLIENT_CPU_WARN 0.10
 
 /* price_per_hour <= 0: no price; slo NULL or empty: no goodput. -1 when memory runs out. */
 int lg_summarize(const lg_run_result *r, double price_per_hour, const lg_slo *slo, lg_summary *s);
 
 void lg_summary_print(FILE *out, const lg_summary *s);
+/* A warning on err when the client used more than LG_CLIENT_CPU_WARN of a core; true if
+ * it did. */
+bool lg_summary_warn_client(FILE *err, const lg_summary *s);
 
-/* {"results": ..., "failures": ..., "server": ...} members added to obj. */
+/* {"results": ..., "failures": ..., "server": ..., "client": ...} members added to obj. */
 void lg_summary_to_json(const lg_summary *s, json_t *obj);
 /* Per-request figures and the /metrics samples, for the JSON file. */
 json_t *lg_requests_json(const lg_run_result *r);

@@ -1,3 +1,8 @@
+/* Traffic for `blade bench serve` (workload.h): synthetic requests or a conversation
+ * dataset's turns, what each asks and when it arrives. A request's content is drawn from a
+ * random stream keyed by the seed and its session index, so two runs of one seed send the
+ * same traffic whatever order requests finish in. */
+
 #include "loadgen/workload.h"
 
 #include "common/file.h"

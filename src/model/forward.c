@@ -1,5 +1,10 @@
+/* The reference forward pass (forward.h): one token at a time, f32 throughout, read top to
+ * bottom like llama2.c's run.c. Slow on purpose: it is the oracle the batched runner's
+ * logits are checked against. */
+
 #include "blade/forward.h"
 
+#include "blade/act_stats.h"
 #include "blade/kernels.h"
 #include "blade/types.h"
 
@@ -16,6 +21,7 @@ struct blade_forward {
     float *x, *xb, *xb2, *q, *k, *v, *att, *hb, *hb2, *logits;
     float *row; /* one dequantized weight row */
     float *vec; /* a dequantized norm or bias vector */
+    blade_act_stats *stats;
 };
 
 static void *zalloc(size_t n, size_t size, bool *ok)
@@ -92,6 +98,23 @@ void blade_forward_free(blade_forward *f)
 int32_t blade_forward_n_ctx(const blade_forward *f)
 {
     return f->n_ctx;
+}
+
+int blade_forward_set_act_stats(blade_forward *f, blade_act_stats *s, blade_error *err)
+{
+    if (s && !blade_act_stats_fits(s, &f->m->hp))
+        return blade_error_set(err, "the activation statistics were made for a model of another shape");
+    f->stats = s;
+    return 0;
+}
+
+/* The activation row a site's matrices are about to read joins the statistics. */
+static void record(blade_forward *f, int site, const float *x)
+{
+    if (!f->stats)
+        return;
+    blade_act_stats_add(f->stats, site, x, 1, 0, 0, blade_act_stats_get(f->stats, site).width);
+    blade_act_stats_count(f->stats, site, 1);
 }
 
 static const float *weight_row(const blade_weight *w, int64_t r, float *buf)
@@ -248,6 +271,7 @@ int blade_forward_token(blade_forward *f, int32_t token, int32_t pos, bool want_
         const blade_layer *L = &m->layers[l];
 
         rmsnorm(f->xb, f->x, &L->attn_norm, d, hp->rms_eps, f->vec);
+        record(f, blade_act_site(l, BLADE_ACT_ATTN_IN), f->xb);
         matvec(f->q, &L->wq, f->xb, f->row);
         matvec(f->k, &L->wk, f->xb, f->row);
         matvec(f->v, &L->wv, f->xb, f->row);
@@ -271,14 +295,17 @@ int blade_forward_token(blade_forward *f, int32_t token, int32_t pos, bool want_
         memcpy(f->value_cache + slot, f->v, (size_t)kv_dim * sizeof(float));
 
         attention(f, l, pos);
+        record(f, blade_act_site(l, BLADE_ACT_ATTN_OUT), f->xb);
         matvec(f->xb2, &L->wo, f->xb, f->row);
         for (int i = 0; i < d; i++)
             f->x[i] += f->xb2[i];
 
         rmsnorm(f->xb, f->x, &L->ffn_norm, d, hp->rms_eps, f->vec);
+        record(f, blade_act_site(l, BLADE_ACT_FFN_IN), f->xb);
         gate_up_matvec(f->hb, f->hb2, L, f->xb, f->row);
         for (int i = 0; i < hp->n_ff; i++)
             f->hb[i] = silu(f->hb[i]) * f->hb2[i];
+        record(f, blade_act_site(l, BLADE_ACT_FFN_ACT), f->hb);
         matvec(f->xb2, &L->ffn_down, f->hb, f->row);
         for (int i = 0; i < d; i++)
             f->x[i] += f->xb2[i];
@@ -286,6 +313,7 @@ int blade_forward_token(blade_forward *f, int32_t token, int32_t pos, bool want_
     f->n_cached = pos + 1;
     if (want_logits) {
         rmsnorm(f->x, f->x, &m->output_norm, d, hp->rms_eps, f->vec);
+        record(f, blade_act_classifier_site(hp->n_layer), f->x);
         matvec(f->logits, &m->output, f->x, f->row);
     }
     return 0;

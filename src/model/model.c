@@ -1,8 +1,15 @@
+/* Loading a model (model.h): hyperparameters from the GGUF metadata with limits that keep
+ * hostile values from sizing allocations, every tensor bound to the architecture by name
+ * and shape (a tensor nothing binds is an error, not ignored), then the weights prepared
+ * for the kernels in gguf_open's copy: projections repacked into the 16-row layouts and
+ * gate and up fused into one matrix. */
+
 #include "blade/model.h"
 
 #include "blade/kernels.h"
 #include "blade/types.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,7 +127,9 @@ static int read_hparams(const gguf_file *f, blade_hparams *hp, blade_error *err)
         return -1;
     if (!(hp->rms_eps > 0.0f && hp->rms_eps < 1.0f))
         return blade_error_set(err, "%s.attention.layer_norm_rms_epsilon = %g is out of range", a, hp->rms_eps);
-    if (!(hp->rope_base > 1.0f && hp->rope_base < 1e12f))
+    /* Any finite base above 1 turns every pair by a well-defined angle; bases far above
+     * real models' come from inflated models (synth.h). */
+    if (!(hp->rope_base > 1.0f && hp->rope_base <= FLT_MAX))
         return blade_error_set(err, "%s.rope.freq_base = %g is out of range", a, hp->rope_base);
 
     hp->rope_scale = 1.0f;

@@ -1,7 +1,8 @@
-#include "blade/synth.h"
+/* Random-weight models of a real model's shape (synth.h), and the pieces every synthetic
+ * writer shares (synth_internal.h). */
+#include "model/synth_internal.h"
 
 #include "blade/gguf.h"
-#include "blade/quantize.h"
 #include "blade/tokenizer.h"
 #include "blade/types.h"
 
@@ -9,17 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct synth {
-    gguf_writer *w;
-    blade_quant_scheme scheme; /* which matrix gets which type: blade quantize's recipe */
-    int n_layer;
-    bool tied;
-    void **buffers; /* tensor data must outlive gguf_writer_write */
-    size_t n_buffers;
-    uint64_t rng;
-    blade_error *err;
-} synth;
 
 static uint64_t splitmix64(uint64_t *state)
 {
@@ -29,11 +19,32 @@ static uint64_t splitmix64(uint64_t *state)
     return z ^ (z >> 31);
 }
 
-static float gaussian(uint64_t *state)
+float synth_gaussian(synth *s)
 {
-    double u1 = ((double)(splitmix64(state) >> 11) + 0.5) / 9007199254740992.0;
-    double u2 = (double)(splitmix64(state) >> 11) / 9007199254740992.0;
+    double u1 = ((double)(splitmix64(&s->rng) >> 11) + 0.5) / 9007199254740992.0;
+    double u2 = (double)(splitmix64(&s->rng) >> 11) / 9007199254740992.0;
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+void synth_init(synth *s, const blade_synth_spec *spec, blade_error *err)
+{
+    *s = (synth){.w = gguf_writer_new(),
+                 .scheme = {.type = spec->weight_type, .sensitive_type = spec->sensitive_type},
+                 .n_layer = spec->n_layer,
+                 .tied = spec->tied_embeddings,
+                 .rng = spec->seed ^ 0x626c616465ull,
+                 .err = err};
+}
+
+int synth_finish(synth *s, int rc, const char *path, bool show_progress)
+{
+    if (!rc)
+        rc = gguf_writer_write(s->w, path, show_progress, s->err);
+    gguf_writer_free(s->w);
+    for (size_t i = 0; i < s->n_buffers; i++)
+        free(s->buffers[i]);
+    free(s->buffers);
+    return rc ? -1 : 0;
 }
 
 static void *keep(synth *s, size_t bytes)
@@ -51,30 +62,36 @@ static void *keep(synth *s, size_t bytes)
     return p;
 }
 
-/* A matrix of Gaussian values with standard deviation `scale`, stored in the type the scheme
- * gives it (rows that are not whole blocks fall back as blade quantize's do); vectors
- * (n_out == 0) are F32 filled with `fill` plus small noise so norms stay near one. */
-static int add(synth *s, const char *name, int64_t n_in, int64_t n_out, float scale, float fill)
+int synth_add_values(synth *s, const char *name, int64_t n_in, int64_t n_out, const float *values)
 {
     int64_t rows = n_out ? n_out : 1;
-    size_t n = (size_t)n_in * (size_t)rows;
     uint32_t type = BLADE_TYPE_F32;
     if (n_out)
         type = blade_quant_fit_type(blade_quant_scheme_type_for(&s->scheme, name, s->n_layer, s->tied), n_in,
                                     BLADE_TYPE_F16);
     size_t bytes = blade_type_row_bytes(type, n_in) * (size_t)rows;
-    float *values = malloc(n * sizeof *values);
     void *data = keep(s, bytes);
-    if (!values || !data) {
-        free(values);
+    if (!data)
         return blade_error_set(s->err, "out of memory for tensor %s", name);
-    }
-    for (size_t i = 0; i < n; i++)
-        values[i] = fill + scale * gaussian(&s->rng);
-    blade_type_traits_get(type)->from_float(values, data, (int64_t)n);
-    free(values);
+    blade_type_traits_get(type)->from_float(values, data, n_in * rows);
     int64_t ne[2] = {n_in, rows};
     return gguf_writer_add_tensor(s->w, name, type, n_out ? 2 : 1, ne, data, bytes, s->err);
+}
+
+/* A matrix of Gaussian values with standard deviation `scale`, stored in the type blade
+ * quantize's recipe gives it (synth_add_values); vectors
+ * (n_out == 0) are F32 filled with `fill` plus small noise so norms stay near one. */
+static int add(synth *s, const char *name, int64_t n_in, int64_t n_out, float scale, float fill)
+{
+    size_t n = (size_t)n_in * (size_t)(n_out ? n_out : 1);
+    float *values = malloc(n * sizeof *values);
+    if (!values)
+        return blade_error_set(s->err, "out of memory for tensor %s", name);
+    for (size_t i = 0; i < n; i++)
+        values[i] = fill + scale * synth_gaussian(s);
+    int rc = synth_add_values(s, name, n_in, n_out, values);
+    free(values);
+    return rc;
 }
 
 static int add_layer_tensor(synth *s, int layer, const char *suffix, int64_t n_in, int64_t n_out, float scale,
@@ -141,33 +158,17 @@ done:
     return rc;
 }
 
-/* Copies a real vocabulary and pads it with unused filler tokens, so the embedding and
- * output matrices have the real model's size. */
-static int copied_vocab(synth *s, const char *path, int32_t n_vocab)
+/* Replaces the copied tokens, scores and types with the same padded by unused filler
+ * tokens up to n_vocab. */
+static int pad_vocab(synth *s, const gguf_file *src, const gguf_kv *tok, int32_t n_vocab)
 {
-    gguf_file *src = gguf_open(path, s->err);
-    if (!src)
-        return -1;
-    int rc = -1;
-    char **tokens = NULL;
-    const gguf_kv *tok = gguf_find_array(src, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, NULL, s->err);
-    if (!tok) {
-        blade_error_set(s->err, "%s has no tokenizer.ggml.tokens", path);
-        goto done;
-    }
-    if (tok->arr_len > (uint64_t)n_vocab) {
-        blade_error_set(s->err, "%s has %llu tokens, more than the %d the shape asks for", path,
-                        (unsigned long long)tok->arr_len, n_vocab);
-        goto done;
-    }
     int32_t n_real = (int32_t)tok->arr_len;
-    tokens = calloc((size_t)n_vocab, sizeof *tokens);
-    float *scores = keep(s, (size_t)n_vocab * sizeof *scores);
-    int32_t *types = keep(s, (size_t)n_vocab * sizeof *types);
-    if (!tokens || !scores || !types) {
-        blade_error_set(s->err, "out of memory");
+    char **tokens = calloc((size_t)n_vocab, sizeof *tokens);
+    float *scores = malloc((size_t)n_vocab * sizeof *scores);
+    int32_t *types = malloc((size_t)n_vocab * sizeof *types);
+    int rc = -1;
+    if (!tokens || !scores || !types)
         goto done;
-    }
     const gguf_kv *sc = gguf_find_array(src, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, NULL, NULL);
     const gguf_kv *ty = gguf_find_array(src, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, NULL, NULL);
     for (int32_t i = 0; i < n_vocab; i++) {
@@ -186,43 +187,8 @@ static int copied_vocab(synth *s, const char *path, int32_t n_vocab)
             scores[i] = -1e9f;
             types[i] = BLADE_TOKEN_UNUSED;
         }
-        if (!tokens[i]) {
-            blade_error_set(s->err, "out of memory");
+        if (!tokens[i])
             goto done;
-        }
-    }
-    for (uint64_t i = 0; i < src->n_kv; i++) {
-        const gguf_kv *kv = &src->kv[i];
-        if (strncmp(kv->key, "tokenizer.", 10) != 0 || !strcmp(kv->key, "tokenizer.ggml.tokens") ||
-            !strcmp(kv->key, "tokenizer.ggml.scores") || !strcmp(kv->key, "tokenizer.ggml.token_type"))
-            continue;
-        if (kv->type == GGUF_TYPE_STRING) {
-            char *v = strndup(kv->str.ptr, (size_t)kv->str.len);
-            if (!v) {
-                blade_error_set(s->err, "out of memory");
-                goto done;
-            }
-            gguf_writer_set_string(s->w, kv->key, v);
-            free(v);
-        } else if (kv->type == GGUF_TYPE_ARRAY && kv->arr_type == GGUF_TYPE_STRING) {
-            char **strs = calloc(kv->arr_len ? kv->arr_len : 1, sizeof *strs);
-            bool ok = strs != NULL;
-            for (uint64_t j = 0; ok && j < kv->arr_len; j++)
-                ok = (strs[j] = strndup(kv->arr_strings[j].ptr, (size_t)kv->arr_strings[j].len)) != NULL;
-            if (ok)
-                gguf_writer_set_string_array(s->w, kv->key, (const char *const *)strs, kv->arr_len);
-            for (uint64_t j = 0; strs && j < kv->arr_len; j++)
-                free(strs[j]);
-            free(strs);
-            if (!ok) {
-                blade_error_set(s->err, "out of memory");
-                goto done;
-            }
-        } else if (kv->type == GGUF_TYPE_UINT32) {
-            gguf_writer_set_u32(s->w, kv->key, (uint32_t)kv->scalar.u64);
-        } else if (kv->type == GGUF_TYPE_BOOL) {
-            gguf_writer_set_bool(s->w, kv->key, kv->scalar.b);
-        }
     }
     gguf_writer_set_string_array(s->w, "tokenizer.ggml.tokens", (const char *const *)tokens, (uint64_t)n_vocab);
     gguf_writer_set_array(s->w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, (uint64_t)n_vocab);
@@ -233,11 +199,34 @@ done:
         for (int32_t i = 0; i < n_vocab; i++)
             free(tokens[i]);
     free(tokens);
+    free(scores);
+    free(types);
+    return rc ? blade_error_set(s->err, "out of memory") : 0;
+}
+
+/* Copies a real vocabulary with all of its tokenizer metadata, padded with unused filler
+ * tokens to n_vocab so the embedding and output matrices have the real model's size. */
+static int copied_vocab(synth *s, const char *path, int32_t n_vocab)
+{
+    gguf_file *src = gguf_open_mapped(path, s->err);
+    if (!src)
+        return -1;
+    int rc = -1;
+    const gguf_kv *tok = gguf_find_array(src, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, NULL, s->err);
+    if (!tok)
+        blade_error_set(s->err, "%s has no tokenizer.ggml.tokens", path);
+    else if (tok->arr_len > (uint64_t)n_vocab)
+        blade_error_set(s->err, "%s has %llu tokens, more than the %d the shape asks for", path,
+                        (unsigned long long)tok->arr_len, n_vocab);
+    else {
+        gguf_writer_copy_kv_prefix(s->w, src, "tokenizer.");
+        rc = tok->arr_len < (uint64_t)n_vocab ? pad_vocab(s, src, tok, n_vocab) : 0;
+    }
     gguf_close(src);
     return rc;
 }
 
-static void set_hparams(gguf_writer *w, const blade_synth_spec *sp)
+void synth_set_hparams(gguf_writer *w, const blade_synth_spec *sp)
 {
     const char *a = blade_arch_name(sp->arch);
     char key[128];
@@ -256,25 +245,27 @@ static void set_hparams(gguf_writer *w, const blade_synth_spec *sp)
     SET_U32("attention.head_count_kv", sp->n_head_kv);
     SET_U32("attention.key_length", sp->head_dim);
     SET_U32("attention.value_length", sp->head_dim);
-    SET_U32("rope.dimension_count", sp->head_dim);
+    SET_U32("rope.dimension_count", sp->n_rot ? sp->n_rot : sp->head_dim);
 #undef SET_U32
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
-    gguf_writer_set_f32(w, key, 1e-6f);
+    gguf_writer_set_f32(w, key, sp->rms_eps > 0 ? sp->rms_eps : 1e-6f);
     snprintf(key, sizeof key, "%s.rope.freq_base", a);
     gguf_writer_set_f32(w, key, sp->rope_base > 0 ? sp->rope_base : 10000.0f);
+    if (sp->rope_scale > 1.0f) {
+        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+        gguf_writer_set_string(w, key, "linear");
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
+        gguf_writer_set_f32(w, key, sp->rope_scale);
+    }
 }
 
 int blade_synth_write(const blade_synth_spec *sp, const char *path, bool show_progress, blade_error *err)
 {
     if (!blade_type_supported(sp->weight_type) || (sp->sensitive_type && !blade_type_supported(sp->sensitive_type)))
         return blade_error_set(err, "weight type %u is not supported", sp->weight_type);
-    synth s = {.w = gguf_writer_new(),
-               .scheme = {.type = sp->weight_type, .sensitive_type = sp->sensitive_type},
-               .n_layer = sp->n_layer,
-               .tied = sp->tied_embeddings,
-               .rng = sp->seed ^ 0x626c616465ull,
-               .err = err};
-    set_hparams(s.w, sp);
+    synth s;
+    synth_init(&s, sp, err);
+    synth_set_hparams(s.w, sp);
     int rc = sp->vocab_path ? copied_vocab(&s, sp->vocab_path, sp->n_vocab) : made_up_vocab(&s, sp->n_vocab);
     int64_t d = sp->n_embd, q_dim = (int64_t)sp->n_head * sp->head_dim, kv_dim = (int64_t)sp->n_head_kv * sp->head_dim;
     /* Scales keep activations O(1) through the layers: 1/sqrt(fan-in). */
@@ -307,13 +298,7 @@ int blade_synth_write(const blade_synth_spec *sp, const char *path, bool show_pr
         rc = add(&s, "output.weight", d, sp->n_vocab, s_d, 0.0f);
     if (show_progress)
         fputc('\n', stderr);
-    if (!rc)
-        rc = gguf_writer_write(s.w, path, show_progress, err);
-    gguf_writer_free(s.w);
-    for (size_t i = 0; i < s.n_buffers; i++)
-        free(s.buffers[i]);
-    free(s.buffers);
-    return rc ? -1 : 0;
+    return synth_finish(&s, rc, path, show_progress);
 }
 
 typedef struct shape {

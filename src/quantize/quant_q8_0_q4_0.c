@@ -154,11 +154,12 @@ static const simple_type q8_0_type = {-128, 127, sizeof(block_q8_0), q8_0_ref_bl
 static const simple_type q4_0_type = {-8, 7, sizeof(block_q4_0), q4_0_ref_block, q4_0_pack, blade_q4_0_to_float};
 
 /* Blocks are built in aligned locals and copied out, so dst may have any alignment. */
-static void quantize_simple(const simple_type *t, const float *x, void *dst, int64_t n, const float *importance,
-                            bool refine)
+/* The importance-weighted search is these types' counterpart of the K-quants' weighted
+ * reference search, so it runs whenever there is importance: refine changes nothing here. */
+static void quantize_simple(const simple_type *t, const float *x, void *dst, int64_t n, const float *importance)
 {
     uint8_t *out = dst;
-    bool search = importance && refine;
+    bool search = importance != NULL;
     float sigma2 = search ? quant_mean_square(x, n) : 0.0f;
     for (int64_t b = 0; b < n / 32; b++, out += t->block_bytes) {
         const float *xb = x + b * 32;
@@ -185,12 +186,14 @@ static void quantize_simple(const simple_type *t, const float *x, void *dst, int
 
 void quant_q8_0(const float *x, void *dst, int64_t n, const float *importance, bool refine)
 {
-    quantize_simple(&q8_0_type, x, dst, n, importance, refine);
+    (void)refine;
+    quantize_simple(&q8_0_type, x, dst, n, importance);
 }
 
 void quant_q4_0(const float *x, void *dst, int64_t n, const float *importance, bool refine)
 {
-    quantize_simple(&q4_0_type, x, dst, n, importance, refine);
+    (void)refine;
+    quantize_simple(&q4_0_type, x, dst, n, importance);
 }
 
 void blade_q8_0_from_float(const float *src, void *dst, int64_t n)

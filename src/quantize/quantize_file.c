@@ -407,6 +407,19 @@ int blade_quantize_write(blade_quantize_job *job, const char *out_path, blade_er
     gguf_writer_copy_kv(w, job->in);
     gguf_writer_set_u32(w, "general.quantization_version", 2);
     gguf_writer_set_u32(w, "general.file_type", job->params.scheme->file_type);
+    /* An input quantized with an importance matrix carries these keys; they describe this
+     * conversion or none. */
+    static const char *const imatrix_keys[] = {"quantize.imatrix.file", "quantize.imatrix.dataset",
+                                               "quantize.imatrix.chunks_count", "quantize.imatrix.entries_count"};
+    for (size_t k = 0; k < sizeof imatrix_keys / sizeof imatrix_keys[0]; k++)
+        gguf_writer_remove_kv(w, imatrix_keys[k]);
+    const blade_quantize_params *p = &job->params;
+    if (p->importance && p->imatrix_file) {
+        gguf_writer_set_string(w, imatrix_keys[0], p->imatrix_file);
+        gguf_writer_set_string(w, imatrix_keys[1], p->imatrix_dataset ? p->imatrix_dataset : "");
+        gguf_writer_set_i32(w, imatrix_keys[2], p->imatrix_chunks);
+        gguf_writer_set_i32(w, imatrix_keys[3], p->imatrix_entries);
+    }
     for (size_t i = 0; i < job->report.n_tensors; i++) {
         const gguf_tensor *t = job->entries[i].src;
         const blade_quant_tensor_plan *pl = &job->plans[i];

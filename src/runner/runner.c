@@ -1,5 +1,12 @@
+/* The model runner (runner.h): one ragged batch per call, its tokens flattened into one
+ * matrix so each weight is streamed once per step, attention per sequence through its
+ * block table, logits only for the rows asked for. Batch invariance (runner.h) rests on
+ * the kernels' determinism contracts: no sum a token's logits depend on is split by the
+ * batch it is in or the thread count. */
+
 #include "blade/runner.h"
 
+#include "blade/act_stats.h"
 #include "blade/attention.h"
 #include "blade/types.h"
 
@@ -42,6 +49,8 @@ struct blade_runner {
     int32_t *logit_tokens; /* batch token index of every wanted logit row */
     int32_t *work;         /* (seq, kv head) attention work items */
     blade_work_share *rows_share; /* matrix products: row units between the pool's threads */
+    blade_act_stats *stats; /* NULL unless a caller collects activation statistics */
+    float *stat_rows;       /* [T][widest]: the float rows a site's matrices read, while collecting */
 };
 
 /* ---- helpers ---- */
@@ -177,6 +186,7 @@ void blade_runner_free(blade_runner *r)
     free(r->refs);
     free(r->logit_tokens);
     free(r->work);
+    free(r->stat_rows);
     blade_work_share_free(r->rows_share);
     free(r);
 }
@@ -184,6 +194,20 @@ void blade_runner_free(blade_runner *r)
 int32_t blade_runner_max_batch_tokens(const blade_runner *r)
 {
     return r->max_tokens;
+}
+
+int blade_runner_set_act_stats(blade_runner *r, blade_act_stats *s, blade_error *err)
+{
+    if (s && !blade_act_stats_fits(s, &r->m->hp))
+        return blade_error_set(err, "the activation statistics were made for a model of another shape");
+    if (s && !r->stat_rows) {
+        bool ok = true;
+        r->stat_rows = alloc_array((size_t)r->max_tokens * (size_t)r->widest, sizeof(float), &ok);
+        if (!ok)
+            return blade_error_set(err, "out of memory for activation statistics of %d batch tokens", r->max_tokens);
+    }
+    r->stats = s;
+    return 0;
 }
 
 /* ---- one step's shared state, handed to the pool's workers ---- */
@@ -206,6 +230,7 @@ typedef struct step {
     const blade_weight *in_type_of; /* the weight whose activation form to produce */
     int32_t n_rows;                 /* rows of `in`/`act` in use */
     const int32_t *row_map;         /* act row i is built from in row row_map[i] (NULL: identity) */
+    int site;                       /* activation statistics site of these rows; -1: none kept */
 } step;
 
 static const float *f32_vector(const blade_weight *w)
@@ -237,11 +262,25 @@ static void task_norm_convert(void *ctx, int ith, int nth)
             y = row;
         }
         blade_act_convert(s->in_type_of->type, y, (uint8_t *)r->act + i * r->act_stride, s->in_width);
+        if (s->site >= 0)
+            memcpy(r->stat_rows + i * r->widest, y, (size_t)s->in_width * sizeof *y);
     }
 }
 
+/* The rows just converted join the statistics, each thread summing its share of the
+ * columns over all rows, so every column adds its rows in order whatever the thread count. */
+static void task_act_stats(void *ctx, int ith, int nth)
+{
+    step *s = ctx;
+    int64_t b, e;
+    split(s->in_width, ith, nth, &b, &e);
+    blade_act_stats_add(s->r->stats, s->site, s->r->stat_rows, s->n_rows, s->r->widest, b, e);
+}
+
+/* site: where the rows count in the activation statistics, when the runner collects them
+ * (-1: nowhere, for a second conversion of rows already counted). */
 static void run_norm_convert(step *s, float *in, float *add_to_in, int64_t width, const blade_weight *norm,
-                             const blade_weight *for_weight, int32_t n_rows, const int32_t *row_map)
+                             const blade_weight *for_weight, int32_t n_rows, const int32_t *row_map, int site)
 {
     s->in = in;
     s->add_to_in = add_to_in;
@@ -250,12 +289,17 @@ static void run_norm_convert(step *s, float *in, float *add_to_in, int64_t width
     s->in_type_of = for_weight;
     s->n_rows = n_rows;
     s->row_map = row_map;
+    s->site = s->r->stats ? site : -1;
     /* One row (a decode step) is the calling thread's alone: going through the pool would
      * only add a handoff to a worker with nothing to do. */
     if (n_rows == 1)
         task_norm_convert(s, 0, 1);
     else
         blade_threadpool_run(s->r->pool, task_norm_convert, s);
+    if (s->site >= 0) {
+        blade_threadpool_run(s->r->pool, task_act_stats, s);
+        blade_act_stats_count(s->r->stats, s->site, n_rows);
+    }
 }
 
 /* Runs a task that takes its row units from the runner's work share. */
@@ -435,15 +479,16 @@ static void task_swiglu(void *ctx, int ith, int nth)
  * the pool. Files mixing types across projections share a pass where the forms agree
  * (Q4_K_M's Q6_K V projections join Q4_K's Q and K). */
 static void run_projections(step *s, float *residual_delta, const blade_weight *norm, const blade_weight **ws,
-                            float **outs, int n)
+                            float **outs, int n, int site)
 {
     blade_runner *r = s->r;
     bool done[3] = {false, false, false};
     for (int i = 0; i < n; i++) {
         if (done[i])
             continue;
-        run_norm_convert(s, r->x, residual_delta, r->m->hp.n_embd, norm, ws[i], s->n_tokens, NULL);
+        run_norm_convert(s, r->x, residual_delta, r->m->hp.n_embd, norm, ws[i], s->n_tokens, NULL, site);
         residual_delta = NULL; /* added once */
+        site = -1;             /* counted once */
         const blade_weight *group[3] = {NULL, NULL, NULL};
         float *group_out[3] = {NULL, NULL, NULL};
         int k = 0;
@@ -547,22 +592,25 @@ int blade_runner_forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n
 
         const blade_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
         float *qkv_out[3] = {r->q, r->k, r->v};
-        run_projections(&s, pending, &L->attn_norm, qkv, qkv_out, 3);
+        run_projections(&s, pending, &L->attn_norm, qkv, qkv_out, 3, blade_act_site(l, BLADE_ACT_ATTN_IN));
         blade_threadpool_run(r->pool, task_attention, &s);
 
-        run_norm_convert(&s, r->attn, NULL, r->q_dim, NULL, &L->wo, s.n_tokens, NULL);
+        run_norm_convert(&s, r->attn, NULL, r->q_dim, NULL, &L->wo, s.n_tokens, NULL,
+                         blade_act_site(l, BLADE_ACT_ATTN_OUT));
         run_matmul(&s, 1, &L->wo, r->delta, NULL, NULL, NULL, NULL);
 
         if (L->ffn_gate_up.data) {
-            run_norm_convert(&s, r->x, r->delta, hp->n_embd, &L->ffn_norm, &L->ffn_gate_up, s.n_tokens, NULL);
+            run_norm_convert(&s, r->x, r->delta, hp->n_embd, &L->ffn_norm, &L->ffn_gate_up, s.n_tokens, NULL,
+                             blade_act_site(l, BLADE_ACT_FFN_IN));
             run_on_row_units(&s, task_gate_up, hp->n_ff / BLADE_GATE_UP_GROUP);
         } else {
             const blade_weight *gu[2] = {&L->ffn_gate, &L->ffn_up};
             float *gu_out[2] = {r->ffn, r->up};
-            run_projections(&s, r->delta, &L->ffn_norm, gu, gu_out, 2);
+            run_projections(&s, r->delta, &L->ffn_norm, gu, gu_out, 2, blade_act_site(l, BLADE_ACT_FFN_IN));
             blade_threadpool_run(r->pool, task_swiglu, &s);
         }
-        run_norm_convert(&s, r->ffn, NULL, hp->n_ff, NULL, &L->ffn_down, s.n_tokens, NULL);
+        run_norm_convert(&s, r->ffn, NULL, hp->n_ff, NULL, &L->ffn_down, s.n_tokens, NULL,
+                         blade_act_site(l, BLADE_ACT_FFN_ACT));
         run_matmul(&s, 1, &L->ffn_down, r->delta, NULL, NULL, NULL, NULL);
         pending = r->delta;
     }
@@ -577,7 +625,8 @@ int blade_runner_forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n
         r->cap_logits = s.n_logit_rows;
     }
     /* only the rows that want logits take the last block's output: no other row is read again */
-    run_norm_convert(&s, r->x, pending, hp->n_embd, &m->output_norm, &m->output, s.n_logit_rows, r->logit_tokens);
+    run_norm_convert(&s, r->x, pending, hp->n_embd, &m->output_norm, &m->output, s.n_logit_rows, r->logit_tokens,
+                     blade_act_classifier_site(hp->n_layer));
     run_matmul(&s, 1, &m->output, r->logits, NULL, NULL, NULL, NULL);
     lr = 0;
     for (int32_t i = 0; i < n_seqs; i++)

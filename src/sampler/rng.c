@@ -1,3 +1,6 @@
+/* The random stream of samplers and workloads (rng.h): xoshiro256** seeded through
+ * splitmix64, so every seed, including 0, gives a well-mixed, reproducible stream. */
+
 #include "sampler/rng.h"
 
 static uint64_t splitmix64(uint64_t *state)

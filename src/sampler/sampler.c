@@ -1,3 +1,7 @@
+/* Token sampling (sampler.h): penalties, greedy or top-k / temperature / top-p / min-p,
+ * and the draw, in the documented order, with ties broken by the lower id. All scratch is
+ * allocated with the sampler, so sampling a token never allocates. */
+
 #include "blade/sampler.h"
 
 #include "sampler/rng.h"

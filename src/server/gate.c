@@ -8,7 +8,7 @@
  * readable only when a new byte (or the end of the stream) is there. */
 #include "server/gate.h"
 
-#include "api/api.h"
+#include "api/error.h"
 #include "server/http_head.h"
 
 #include <errno.h>

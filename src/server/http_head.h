@@ -13,7 +13,7 @@
  * (a chunk larger than the body limit), 414 (request line too long), 431 (head too long),
  * 501 (transfer coding not implemented) and 505 (HTTP version). */
 
-#include "api/api.h"
+#include "api/error.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,3 +1,6 @@
+/* The Prometheus metrics of `blade serve` (metrics.h): counters and histograms updated as
+ * events are applied, and the text exposition /metrics serves. */
+
 #include "server/metrics.h"
 
 #include <stdarg.h>

@@ -6,7 +6,8 @@
  * latency histograms (TTFT, TPOT, inter-token, end-to-end, queue) and the engine's gauges
  * (running and waiting requests, KV blocks, prefix-cache hit rate, preemptions). */
 
-#include "api/api.h"
+#include "api/buf.h"
+#include "api/job.h"
 
 #include <pthread.h>
 #include <stdint.h>

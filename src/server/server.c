@@ -2,6 +2,7 @@
  * OpenAI endpoints, streaming, and the lifecycle; connections come through the gate. */
 #include "server/server.h"
 
+#include "api/api.h"
 #include "server/gate.h"
 #include "server/http_head.h"
 #include "server/metrics.h"

@@ -13,7 +13,7 @@
  * first request head is complete and strictly valid, caps connections per client address and
  * enforces the head and body deadlines. */
 
-#include "api/api.h"
+#include "api/model.h"
 #include "blade/error.h"
 
 #include <stddef.h>

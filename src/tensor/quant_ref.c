@@ -1,3 +1,7 @@
+/* The reference conversions of every weight type (quant_ref.h): blocks to floats in
+ * ggml's arithmetic order, and the plain float formats both ways. The kernels and the
+ * quantizers are tested against them. */
+
 #include "tensor/quant_ref.h"
 
 #include "blade/types.h"

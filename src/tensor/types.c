@@ -1,3 +1,6 @@
+/* The type traits table (types.h): one row per GGUF type id with its name, block size and
+ * bytes, and its reference conversions; names parsed case-insensitively. */
+
 #include "blade/types.h"
 
 #include "quantize/quant_blocks.h"

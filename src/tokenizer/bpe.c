@@ -1,3 +1,7 @@
+/* Byte-level BPE (tokenizer_internal.h): the byte alphabet, the merge table from
+ * tokenizer.ggml.merges, and encoding pre-token by pre-token with the shared merge loop,
+ * lower-ranked merges first. */
+
 #include "common/utf8.h"
 #include "tokenizer/tokenizer_internal.h"
 

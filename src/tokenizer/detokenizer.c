@@ -1,3 +1,8 @@
+/* From tokens back to bytes (tokenizer.h): one token's bytes (SentencePiece's visible
+ * space and <0xNN> byte tokens, byte-level BPE's alphabet spelled back) and the streaming
+ * detokenizer, which releases whole UTF-8 characters only. */
+
+#include "common/utf8.h"
 #include "tokenizer/tokenizer_internal.h"
 
 #include <string.h>
@@ -40,22 +45,17 @@ static void spm_unescape(const char *s, size_t len, piece_sink sink, void *ctx)
 
 static void bpe_unspell(const blade_tokenizer *t, const char *s, size_t len, piece_sink sink, void *ctx)
 {
-    const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < len;) {
-        size_t cl = utf8_char_len(u + i, len - i);
-        uint32_t cp = BPE_CP_LIMIT;
-        if (cl == 1)
-            cp = u[i];
-        else if (cl == 2)
-            cp = (uint32_t)(u[i] & 0x1F) << 6 | (u[i + 1] & 0x3F);
+        uint32_t cp;
+        size_t cl = blade_utf8_decode(s + i, len - i, &cp);
         if (cp < BPE_CP_LIMIT && t->cp_byte[cp] >= 0) {
             char b = (char)t->cp_byte[cp];
             sink(ctx, &b, 1);
         } else {
             /* outside the byte alphabet (or not UTF-8 at all): the text is the output */
-            sink(ctx, s + i, cl ? cl : 1);
+            sink(ctx, s + i, cl);
         }
-        i += cl ? cl : 1;
+        i += cl;
     }
 }
 
@@ -152,7 +152,7 @@ static void stream_byte(stream *st, unsigned char b)
     blade_detokenizer *d = st->d;
     unsigned char lo, hi;
     if (d->n_pending) {
-        size_t need = utf8_lead(d->pending[0], &lo, &hi);
+        size_t need = blade_utf8_lead(d->pending[0], &lo, &hi);
         bool fits = d->n_pending == 1 ? (b >= lo && b <= hi) : (b & 0xC0) == 0x80;
         if (fits) {
             d->pending[d->n_pending++] = b;
@@ -165,7 +165,7 @@ static void stream_byte(stream *st, unsigned char b)
         put(st, REPLACEMENT, 3);
         d->n_pending = 0;
     }
-    size_t need = utf8_lead(b, &lo, &hi);
+    size_t need = blade_utf8_lead(b, &lo, &hi);
     if (need == 1)
         put(st, &b, 1);
     else if (need == 0)

@@ -1,5 +1,10 @@
+/* The pre-tokenizers of byte-level BPE (pretokenizer.h): each family's published pattern,
+ * compiled with PCRE2, run over the well-formed UTF-8 runs of the text; a run of bytes
+ * that is not UTF-8 is a pre-token of its own. */
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 
+#include "common/utf8.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer_internal.h"
 
@@ -100,7 +105,7 @@ static int split_valid(const blade_pretok *p, pcre2_match_data *md, const char *
         if (end <= start) {
             /* None of the patterns can match empty, but a pattern that did must not stall
              * the loop: hand over one character and search on from the next. */
-            end = start + utf8_char_len((const unsigned char *)run + start, len - start);
+            end = start + blade_utf8_char_len(run + start, len - start);
         }
         if (start > pos && cb(ctx, run + pos, start - pos))
             return -1;
@@ -119,20 +124,19 @@ int blade_pretok_split(const blade_pretok *p, const char *text, size_t len, blad
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(p->code, NULL);
     if (!md)
         return blade_error_set(err, "pre-tokenizer: out of memory");
-    const unsigned char *s = (const unsigned char *)text;
     size_t pos = 0;
     int rc = 0;
     while (pos < len && !rc) {
         size_t run = pos;
         size_t n;
-        while (run < len && (n = utf8_char_len(s + run, len - run)) > 0)
+        while (run < len && (n = blade_utf8_char_len(text + run, len - run)) > 0)
             run += n;
         if (run > pos) {
             rc = split_valid(p, md, text + pos, run - pos, cb, ctx, err);
             pos = run;
             continue;
         }
-        while (run < len && utf8_char_len(s + run, len - run) == 0)
+        while (run < len && blade_utf8_char_len(text + run, len - run) == 0)
             run++;
         rc = cb(ctx, text + pos, run - pos) ? -1 : 0;
         pos = run;

@@ -1,3 +1,6 @@
+/* Encoding (tokenizer.h): BOS when asked, special tokens found verbatim in the text with a
+ * byte trie, and the text between them handed to SentencePiece or BPE. */
+
 #include "tokenizer/tokenizer_internal.h"
 
 #include <stdlib.h>

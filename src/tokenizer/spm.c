@@ -1,3 +1,8 @@
+/* SentencePiece encoding (tokenizer_internal.h): the text normalized to SentencePiece's
+ * visible spaces, split into words where no token can span, merged by score with the
+ * shared merge loop, and characters no token covers spelled with byte tokens. */
+
+#include "common/utf8.h"
 #include "tokenizer/tokenizer_internal.h"
 
 #include <stdlib.h>
@@ -60,7 +65,6 @@ typedef struct spm_scratch {
 static int spm_word(const spm_ctx *c, spm_scratch *sc, size_t from, size_t to, tok_list *out, blade_error *err)
 {
     const blade_tokenizer *t = c->t;
-    const unsigned char *u = (const unsigned char *)c->buf;
     /* One symbol per character; a byte that starts no well-formed character stands alone,
      * which later sends it to its byte token. */
     uint32_t ns = 0;
@@ -75,7 +79,7 @@ static int spm_word(const spm_ctx *c, spm_scratch *sc, size_t from, size_t to, t
             sc->sym = sym;
             sc->cap = cap;
         }
-        size_t cl = utf8_char_len(u + i, to - i);
+        size_t cl = blade_utf8_char_len(c->buf + i, to - i);
         if (!cl)
             cl = 1;
         int32_t id = vocab_lookup(t, c->buf + i, cl);
@@ -133,7 +137,7 @@ int spm_encode(const blade_tokenizer *t, const char *text, size_t len, bool spac
     size_t word = 0;
     bool prev_mark = false;
     for (size_t i = 0; i < n && !rc;) {
-        size_t cl = utf8_char_len((const unsigned char *)buf + i, n - i);
+        size_t cl = blade_utf8_char_len(buf + i, n - i);
         bool mark = cl == 3 && !memcmp(buf + i, SPACE_MARK, 3);
         if (mark && !prev_mark && i > word && t->spm_word_split) {
             rc = spm_word(&c, &sc, word, i, out, err);

@@ -108,13 +108,6 @@ typedef struct merge_queue {
  * may reuse across calls and frees with free(q->v). O(n log n). */
 int merge_run(merge_sym *sym, uint32_t n, merge_pair_fn pair, void *ctx, merge_queue *q, blade_error *err);
 
-/* Length of the well-formed UTF-8 character at s (RFC 3629: no overlongs, surrogates or
- * values past U+10FFFF), or 0 when s does not start one. n >= 1. */
-size_t utf8_char_len(const unsigned char *s, size_t n);
-/* For a lead byte: the sequence length (0 if c cannot start one) and the allowed range of
- * the second byte, which is narrower than 80..BF for E0, ED, F0 and F4. */
-size_t utf8_lead(unsigned char c, unsigned char *lo, unsigned char *hi);
-
 /* Exact lookup of a vocabulary text; -1 when absent. */
 int32_t vocab_lookup(const blade_tokenizer *t, const char *s, size_t len);
 /* Whether plain text may turn into this token through merging (as SentencePiece and the

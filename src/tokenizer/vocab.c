@@ -1,3 +1,8 @@
+/* Loading a vocabulary from GGUF metadata (tokenizer.h): tokens, types, scores, special
+ * ids and flags, each checked against the vocabulary size; the lookup table from text to
+ * id; the tokenizer kind and pre-tokenizer, refused by name when blade does not implement
+ * them. */
+
 #include "common/utf8.h"
 #include "tokenizer/tokenizer_internal.h"
 
@@ -333,6 +338,19 @@ blade_tokenizer *blade_tokenizer_load(const gguf_file *f, blade_error *err)
 fail:
     blade_tokenizer_free(t);
     return NULL;
+}
+
+blade_tokenizer *blade_tokenizer_load_file(const char *path, blade_error *err)
+{
+    gguf_file *f = gguf_open_mapped(path, err);
+    if (!f)
+        return NULL;
+    blade_tokenizer *t = blade_tokenizer_load(f, err);
+    if (!t)
+        blade_error_prefix(err, "%s", path);
+    /* Every token text and score was copied: the mapping can go. */
+    gguf_close(f);
+    return t;
 }
 
 void blade_tokenizer_free(blade_tokenizer *t)

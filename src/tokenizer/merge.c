@@ -1,64 +1,10 @@
+/* The merge loop both tokenizers share (tokenizer_internal.h): adjacent symbol pairs wait
+ * in a binary min-heap by priority, the best merges first, and a pair that a neighbouring
+ * merge made stale is dropped when it comes up. */
+
 #include "tokenizer/tokenizer_internal.h"
 
 #include <stdlib.h>
-
-int tok_list_push(tok_list *l, int32_t id, blade_error *err)
-{
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 64;
-        if (cap > SIZE_MAX / sizeof *l->v)
-            return blade_error_set(err, "tokenizer: too many tokens");
-        int32_t *v = realloc(l->v, cap * sizeof *v);
-        if (!v)
-            return blade_error_set(err, "tokenizer: out of memory for %zu tokens", cap);
-        l->v = v;
-        l->cap = cap;
-    }
-    l->v[l->n++] = id;
-    return 0;
-}
-
-size_t utf8_lead(unsigned char c, unsigned char *lo, unsigned char *hi)
-{
-    *lo = 0x80;
-    *hi = 0xBF;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        return 2;
-    if (c >= 0xE0 && c <= 0xEF) {
-        if (c == 0xE0)
-            *lo = 0xA0; /* overlong below U+0800 */
-        else if (c == 0xED)
-            *hi = 0x9F; /* UTF-16 surrogates */
-        return 3;
-    }
-    if (c >= 0xF0 && c <= 0xF4) {
-        if (c == 0xF0)
-            *lo = 0x90; /* overlong below U+10000 */
-        else if (c == 0xF4)
-            *hi = 0x8F; /* past U+10FFFF */
-        return 4;
-    }
-    return 0;
-}
-
-size_t utf8_char_len(const unsigned char *s, size_t n)
-{
-    unsigned char lo, hi;
-    size_t need = utf8_lead(s[0], &lo, &hi);
-    if (need <= 1)
-        return need;
-    if (n < need || s[1] < lo || s[1] > hi)
-        return 0;
-    for (size_t i = 2; i < need; i++)
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-    return need;
-}
-
-
-/* ---- merge queue: a binary min-heap on merge_cand.key ---- */
 
 static int mq_push(merge_queue *q, merge_cand c, blade_error *err)
 {

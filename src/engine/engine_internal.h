@@ -1,0 +1,88 @@
+#ifndef BLADE_ENGINE_INTERNAL_H
+#define BLADE_ENGINE_INTERNAL_H
+
+/* What the engine's files share: the engine itself and one request's state.
+ *   engine.c          the public face: start, submit, abort, wait, stop, statistics;
+ *   request.c         a request's state: validation, the tokenized prompt, its choices;
+ *   step_loop.c       the engine thread: schedule, build the batch, run it, commit, emit;
+ *   request_output.c  a choice's output: sampled token, logprobs, text, stop, events.
+ * Fields marked "engine thread" are touched only by the step loop; the rest of the engine's
+ * shared fields are guarded by mu. */
+
+#include "blade/engine.h"
+#include "blade/kernels.h"
+#include "blade/kv_cache.h"
+#include "blade/kv_store.h"
+#include "blade/runner.h"
+#include "blade/scheduler.h"
+#include "engine/request_output.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define ENGINE_MAX_STOP_STRINGS 64
+#define ENGINE_MAX_CHOICES 16
+#define ENGINE_MAX_STOP_LEN 1024
+
+/* One choice of a request: a sequence to schedule plus the output it feeds. */
+typedef struct request_state {
+    blade_sched_seq seq;
+    request_output out;
+    struct request_state *followers; /* choices 1..n-1, started once choice 0 has the prompt cached */
+    bool pin_prefix;
+    /* Static batching only: answered in full, but its seat in the batch keeps computing
+     * (tokens nobody sees) until every member has finished, as in a fixed-shape batch. */
+    bool padding;
+    char *salt;
+    int32_t *tokens; /* prompt + generated, room for seq.max_total */
+    int32_t cap_tokens;
+    struct request_state *next_live, *prev_live;
+} request_state;
+
+struct blade_engine {
+    const blade_model *m;
+    blade_engine_config cfg;
+    blade_threadpool *pool;
+    blade_kv_store *store;
+    blade_kv_cache *kv;
+    blade_scheduler *sched;
+    blade_runner *runner;
+    int32_t max_context;
+    output_vocab vocab;
+
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t work;
+    pthread_cond_t idle;
+    request_state *incoming_head, *incoming_tail; /* submitted, not yet seen by the loop */
+    uint64_t *aborts;
+    int32_t n_aborts, cap_aborts;
+    bool stopping, drain, loop_idle;
+    uint64_t next_id;
+    blade_engine_stats stats;
+
+    /* engine thread */
+    bool quitting; /* finishing everything for good, no seat is kept */
+    request_state *live; /* every request known to the loop */
+    blade_batch_seq *batch;
+    float *logits;   /* [max_seqs][n_vocab] */
+    uint64_t computed_tokens, generated_tokens, finished;
+    int32_t max_running;
+    const blade_kv_cache_seq **live_kv; /* scratch for invariant checks */
+    int32_t cap_live_kv;
+    uint64_t invariant_checks;
+    char invariant_error[600];
+};
+
+/* request.c: validates q and builds its first choice, the other choices hanging from it as
+ * followers; the id is the caller's to assign. NULL with err set. */
+request_state *engine_request_new(const blade_engine *e, const blade_request *q, blade_error *err);
+/* Frees a choice and the followers it still holds; a choice that ran must have left the
+ * scheduler first (its blocks released). */
+void engine_request_free(request_state *r);
+
+/* step_loop.c: the engine thread's body. */
+void *engine_loop(void *arg);
+
+#endif

@@ -1,0 +1,352 @@
+/* The engine thread (engine_internal.h). Each step: take what was submitted or aborted,
+ * let the scheduler plan the step, build one ragged batch from the plan, run it through the
+ * runner, commit the computed tokens to the schedule, and hand every row of logits to its
+ * choice's output, which samples and emits the token. Everything here runs on this one
+ * thread; it meets the callers only in take_incoming and publish_stats. */
+
+#include "engine/engine_internal.h"
+
+#include "common/clock.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the live list: every choice the loop knows ---- */
+
+static void live_add(blade_engine *e, request_state *r)
+{
+    blade_kv_cache_seq_init(&r->seq.kv, e->kv, r->salt, r->salt ? strlen(r->salt) : 0);
+    r->prev_live = NULL;
+    r->next_live = e->live;
+    if (e->live)
+        e->live->prev_live = r;
+    e->live = r;
+    blade_scheduler_add(e->sched, &r->seq);
+}
+
+static void live_unlink(blade_engine *e, request_state *r)
+{
+    if (r->prev_live)
+        r->prev_live->next_live = r->next_live;
+    else
+        e->live = r->next_live;
+    if (r->next_live)
+        r->next_live->prev_live = r->prev_live;
+}
+
+/* The other choices start once the first has its prompt in the cache (its first token),
+ * so they find every full prompt block there. */
+static void release_followers(blade_engine *e, request_state *r)
+{
+    while (r->followers) {
+        request_state *f = r->followers;
+        r->followers = f->next_live;
+        f->out.t_submit = r->out.t_submit;
+        live_add(e, f);
+    }
+}
+
+/* ---- ending a choice ---- */
+
+/* Takes a finished choice out of the step loop; a pinned prompt's blocks are pinned while
+ * the sequence still holds them. */
+static void retire(blade_engine *e, request_state *r)
+{
+    if (r->pin_prefix && r->seq.n_computed >= r->seq.n_prompt)
+        blade_kv_cache_pin_prefix(e->kv, r->tokens, r->seq.n_prompt, r->salt, r->salt ? strlen(r->salt) : 0);
+    if (r->seq.state != BLADE_SEQ_FINISHED)
+        blade_scheduler_remove(e->sched, &r->seq);
+    live_unlink(e, r);
+}
+
+/* A fixed-shape batch sizes every seat for its longest member, so a padding seat may run
+ * past its own request's length: as many more steps as the member with the most left can
+ * take (what --kv-alloc contiguous then reserves for it), up to the context limit. False
+ * when no member is left, the batch ending with this one, or when it cannot grow. */
+static bool become_padding(blade_engine *e, request_state *r)
+{
+    int64_t rest = 0;
+    for (const request_state *q = e->live; q; q = q->next_live)
+        if (q != r && !q->padding && q->seq.state == BLADE_SEQ_RUNNING && q->seq.max_total - q->seq.n_tokens > rest)
+            rest = q->seq.max_total - q->seq.n_tokens;
+    int64_t total = r->seq.n_tokens + rest;
+    total = total < e->max_context ? total : e->max_context;
+    if (rest == 0 || total <= r->seq.n_tokens)
+        return false;
+    int32_t *grown = realloc(r->tokens, (size_t)total * sizeof *grown);
+    if (!grown)
+        return false;
+    r->tokens = grown;
+    r->seq.tokens = grown;
+    r->cap_tokens = r->seq.max_total = (int32_t)total;
+    r->padding = true;
+    return true;
+}
+
+/* After a choice's last event: static batching keeps a running member's seat computing
+ * until its batch ends (also when the client stopped reading: a fixed-shape batch cannot
+ * drop a row); otherwise its blocks go back to the pool and its memory is freed. */
+static void end_request(blade_engine *e, request_state *r, blade_finish_reason why)
+{
+    if (e->cfg.sched.mode == BLADE_SCHED_STATIC && why != BLADE_FINISH_ERROR && !e->quitting && !r->padding &&
+        r->seq.state == BLADE_SEQ_RUNNING && become_padding(e, r))
+        return;
+    retire(e, r);
+    engine_request_free(r);
+}
+
+/* Ends a choice without a token: one last event (a padding seat has had it already), then
+ * end_request. */
+static void finish(blade_engine *e, request_state *r, blade_finish_reason why, const char *error)
+{
+    if (r->padding) {
+        end_request(e, r, why);
+        return;
+    }
+    release_followers(e, r);
+    request_output_finish(&r->out, &r->seq, why, error);
+    e->finished++;
+    end_request(e, r, why);
+}
+
+/* ---- one row of logits ---- */
+
+/* Samples the next token of a choice from one row of logits, appends it to the sequence
+ * and emits it. Returns true when the choice is finished: r may then be gone, and no
+ * further row of it may be emitted. */
+static bool emit_token(blade_engine *e, request_state *r, const float *logits)
+{
+    int32_t id = request_output_sample(&r->out, logits);
+    if (id < 0) {
+        finish(e, r, BLADE_FINISH_ERROR, "the model produced no usable logits (all NaN or -inf)");
+        return true;
+    }
+    if (r->padding) {
+        r->tokens[r->seq.n_tokens++] = id;
+        if (r->seq.n_tokens < r->seq.max_total)
+            return false;
+        finish(e, r, BLADE_FINISH_LENGTH, NULL); /* its fixed-shape buffer is full */
+        return true;
+    }
+    release_followers(e, r);
+    r->tokens[r->seq.n_tokens++] = id;
+    e->generated_tokens++;
+    blade_finish_reason why = request_output_token(&r->out, &e->vocab, &r->seq, id, logits);
+    if (why == BLADE_FINISH_NONE)
+        return false;
+    e->finished++;
+    end_request(e, r, why);
+    return true;
+}
+
+/* ---- the step ---- */
+
+/* Moves submitted choices onto the live list and carries out the aborts asked for. */
+static void take_incoming(blade_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    request_state *in = e->incoming_head;
+    e->incoming_head = e->incoming_tail = NULL;
+    int32_t n_aborts = e->n_aborts;
+    uint64_t aborts[64];
+    int32_t take = n_aborts < 64 ? n_aborts : 64;
+    if (take) {
+        memcpy(aborts, e->aborts, (size_t)take * sizeof *aborts);
+        memmove(e->aborts, e->aborts + take, (size_t)(n_aborts - take) * sizeof *aborts);
+        e->n_aborts -= take;
+    }
+    pthread_mutex_unlock(&e->mu);
+
+    while (in) {
+        request_state *next = in->next_live;
+        live_add(e, in);
+        in = next;
+    }
+    /* finishing a first choice starts its followers, so rescan until none is left */
+    for (int32_t i = 0; i < take; i++) {
+        request_state *r = e->live;
+        while (r) {
+            if (r->seq.id == aborts[i] && !r->padding) {
+                finish(e, r, BLADE_FINISH_ABORT, NULL);
+                r = e->live;
+            } else {
+                r = r->next_live;
+            }
+        }
+    }
+}
+
+/* Static batching: the batch ends when its last real member does; a padding seat that was
+ * preempted is dropped at once (a request-level engine never reruns a finished request). */
+static void end_padding(blade_engine *e)
+{
+    if (e->cfg.sched.mode != BLADE_SCHED_STATIC)
+        return;
+    bool members_left = false;
+    for (request_state *r = e->live; r; r = r->next_live)
+        members_left |= !r->padding && r->seq.state == BLADE_SEQ_RUNNING;
+    for (request_state *r = e->live, *next; r; r = next) {
+        next = r->next_live;
+        if (r->padding && (!members_left || r->seq.state != BLADE_SEQ_RUNNING))
+            finish(e, r, BLADE_FINISH_NONE, NULL);
+    }
+}
+
+static void run_step(blade_engine *e)
+{
+    end_padding(e);
+
+    /* plan */
+    blade_sched_plan plan;
+    blade_scheduler_schedule(e->sched, &plan);
+    for (int32_t i = 0; i < plan.n_rejected; i++)
+        finish(e, (request_state *)plan.rejected[i], BLADE_FINISH_ERROR,
+               "the request needs more KV cache blocks than the whole pool holds");
+    if (plan.n_items == 0)
+        return;
+
+    /* one ragged batch: each planned sequence's next chunk, one logits row where it ends */
+    const int32_t n_vocab = e->m->hp.n_vocab;
+    double t = blade_clock_seconds();
+    for (int32_t i = 0; i < plan.n_items; i++) {
+        blade_sched_item *it = &plan.items[i];
+        request_state *r = (request_state *)it->seq;
+        if (r->out.t_scheduled == 0)
+            r->out.t_scheduled = t;
+        e->batch[i] = (blade_batch_seq){
+            .tokens = r->tokens + r->seq.n_computed,
+            .n_tokens = it->n_tokens,
+            .pos0 = r->seq.n_computed,
+            .block_table = r->seq.kv.blocks,
+            .n_blocks = r->seq.kv.n_blocks,
+            .n_logits = it->want_logits ? 1 : 0,
+            .logits = e->logits + (size_t)i * n_vocab,
+        };
+    }
+
+    /* forward */
+    blade_error err = {{0}};
+    if (blade_runner_forward(e->runner, e->batch, plan.n_items, &err)) {
+        for (int32_t i = 0; i < plan.n_items; i++)
+            finish(e, (request_state *)plan.items[i].seq, BLADE_FINISH_ERROR, err.msg);
+        return;
+    }
+
+    /* commit, then sample and emit */
+    blade_scheduler_commit(e->sched, &plan);
+    e->computed_tokens += (uint64_t)plan.n_tokens;
+    if (plan.n_items > e->max_running)
+        e->max_running = plan.n_items;
+    for (int32_t i = 0; i < plan.n_items; i++)
+        if (plan.items[i].want_logits)
+            emit_token(e, (request_state *)plan.items[i].seq, e->logits + (size_t)i * n_vocab);
+    end_padding(e);
+}
+
+/* ---- after the step: what the callers may read ---- */
+
+static void check_invariants(blade_engine *e)
+{
+    int32_t n = 0;
+    for (request_state *r = e->live; r; r = r->next_live)
+        n++;
+    if (n > e->cap_live_kv) {
+        const blade_kv_cache_seq **grown = realloc(e->live_kv, (size_t)n * 2 * sizeof *grown);
+        if (!grown)
+            return;
+        e->live_kv = grown;
+        e->cap_live_kv = n * 2;
+    }
+    n = 0;
+    for (request_state *r = e->live; r; r = r->next_live)
+        e->live_kv[n++] = &r->seq.kv;
+    blade_error err = {{0}};
+    e->invariant_checks++;
+    if (blade_kv_cache_check(e->kv, e->live_kv, n, &err) && !e->invariant_error[0])
+        snprintf(e->invariant_error, sizeof e->invariant_error, "after step %llu: %s",
+                 (unsigned long long)e->invariant_checks, err.msg);
+}
+
+static void publish_stats(blade_engine *e)
+{
+    if (e->cfg.check_invariants)
+        check_invariants(e);
+    blade_sched_stats ss;
+    blade_kv_cache_stats ks;
+    blade_scheduler_stats(e->sched, &ss);
+    blade_kv_cache_stats_get(e->kv, &ks);
+    blade_engine_stats *s = &e->stats;
+    pthread_mutex_lock(&e->mu);
+    s->running = ss.running;
+    s->waiting = ss.waiting;
+    s->kv_blocks_total = ks.blocks_total;
+    s->kv_blocks_used = ks.blocks_used;
+    s->kv_blocks_cached = ks.blocks_cached;
+    s->kv_blocks_free = ks.blocks_free;
+    s->kv_blocks_pinned = ks.blocks_pinned;
+    s->block_size = e->cfg.block_size;
+    s->prefix_hit_tokens = ks.prefix_hit_tokens;
+    s->prefix_query_tokens = ks.prefix_query_tokens;
+    s->prefix_hit_rate = ks.prefix_query_tokens ? (double)ks.prefix_hit_tokens / (double)ks.prefix_query_tokens : 0;
+    s->kv_utilisation =
+        ks.token_slots_allocated ? (double)ks.token_slots_used / (double)ks.token_slots_allocated : 0;
+    s->evictions = ks.evictions;
+    s->preemptions = ss.preemptions;
+    s->steps = ss.steps;
+    s->computed_tokens = e->computed_tokens;
+    s->generated_tokens = e->generated_tokens;
+    s->requests_finished = e->finished;
+    s->max_running = e->max_running;
+    s->invariant_checks = e->invariant_checks;
+    memcpy(s->invariant_error, e->invariant_error, sizeof s->invariant_error);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---- the loop ---- */
+
+/* Waits for work; returns true when the loop is to end (stopping, and draining is over or
+ * was not asked for). */
+static bool wait_for_work(blade_engine *e, bool *abort_all)
+{
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        bool pending = e->incoming_head || e->n_aborts;
+        bool busy = pending || !blade_scheduler_idle(e->sched);
+        if (!busy && !e->loop_idle) {
+            e->loop_idle = true;
+            pthread_cond_broadcast(&e->idle);
+        }
+        if (e->stopping && (!e->drain || !busy))
+            break;
+        if (busy)
+            break;
+        pthread_cond_wait(&e->work, &e->mu);
+    }
+    bool quit = e->stopping && (!e->drain || (!e->incoming_head && !e->n_aborts && blade_scheduler_idle(e->sched)));
+    *abort_all = e->stopping && !e->drain;
+    pthread_mutex_unlock(&e->mu);
+    return quit;
+}
+
+void *engine_loop(void *arg)
+{
+    blade_engine *e = arg;
+    bool abort_all;
+    while (!wait_for_work(e, &abort_all)) {
+        take_incoming(e);
+        run_step(e);
+        publish_stats(e);
+    }
+    e->quitting = true;
+    take_incoming(e);
+    if (abort_all)
+        while (e->live)
+            finish(e, e->live, BLADE_FINISH_ABORT, NULL);
+    publish_stats(e);
+    pthread_mutex_lock(&e->mu);
+    e->loop_idle = true;
+    pthread_cond_broadcast(&e->idle);
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
