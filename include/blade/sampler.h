@@ -52,6 +52,10 @@ void blade_sampler_accept(blade_sampler *s, int32_t token, bool generated);
  * Every call with temperature > 0 consumes exactly one uniform from the stream, so the
  * stream's position depends only on how many tokens were sampled. */
 int32_t blade_sampler_sample(blade_sampler *s, const float *logits);
+/* Advances the random stream as n calls of blade_sampler_sample would (none at temperature
+ * 0): a sequence whose first tokens were sampled elsewhere (a prefill worker) continues
+ * with the draws it would have had there. */
+void blade_sampler_skip_draws(blade_sampler *s, int32_t n);
 /* log-softmax of the raw logits (before penalties and temperature), as OpenAI's logprobs
  * report them; out has n_vocab entries. NaN and -inf logits give -inf, +inf counts as
  * FLT_MAX; if no logit is finite every entry is -inf. */

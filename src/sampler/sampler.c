@@ -412,6 +412,14 @@ static int32_t draw(const cand_key *keys, const aux_slot *aux, size_t m, double 
     return key_id(keys[m - 1]);
 }
 
+void blade_sampler_skip_draws(blade_sampler *s, int32_t n)
+{
+    if (s->p.temperature <= 0.0f)
+        return;
+    for (int32_t i = 0; i < n; i++)
+        blade_rng_uniform(&s->rng);
+}
+
 int32_t blade_sampler_sample(blade_sampler *s, const float *logits)
 {
     if (!s || !logits)
