@@ -42,7 +42,7 @@ declare -A owner=(
     [bench]=bench
     [engine]=engine [scheduler]=engine [kv_cache]=engine [stop]=engine
     [eval]=eval
-    [cluster_auth]=cluster [kv_wire]=cluster [kv_handoff]=cluster [kv_transport]=cluster [etcd_client]=cluster
+    [cluster_auth]=cluster [kv_wire]=cluster [kv_handoff]=cluster [disagg]=cluster [kv_transport]=cluster [etcd_client]=cluster
 )
 
 # Known exception, kept visible: the type table's from_float column (tensor/types.c) points

@@ -6,9 +6,12 @@
 #include "testutil.h"
 
 #include "blade/engine.h"
+#include "blade/disagg.h"
 #include "blade/kv_handoff.h"
+#include "blade/kv_transport.h"
 #include "blade/model.h"
 
+#include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -540,6 +543,219 @@ static void test_disagg_export_lifetime(void **state)
     blade_model_free(m);
 }
 
+/* The decode side's half of a remote prefill: run, import, decode. */
+static blade_disagg_cause remote(blade_engine *b, const blade_disagg_config *cfg, uint16_t port, const spec *s,
+                                 result *dec, blade_remote_prefill *rp, blade_error *err)
+{
+    blade_request q;
+    request_of(s, dec, &q);
+    blade_disagg_cause cause = blade_remote_prefill_run(b, cfg, "127.0.0.1", port, &q, rp, err);
+    if (cause != BLADE_DISAGG_OK)
+        return cause;
+    q.import = &rp->in.import;
+    if (!blade_engine_submit(b, &q, err))
+        fail_msg("%s", err->msg);
+    rp->in.import.staging = NULL;
+    result_wait(dec);
+    blade_remote_prefill_free(rp);
+    return cause;
+}
+
+/* Over UCX on loopback, with and without a cluster key: the prefill service of engine A
+ * serves engine B's requests; tokens equal one engine's; a second request sharing a
+ * prefix sends only the blocks B lacks. A decode side with the wrong key is dropped at the
+ * handshake, a missing prefill worker gives a connect failure, both within the timeout. */
+static void test_disagg_over_ucx(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    blade_engine *one = engine_of(m, BLADE_KV_F16, 16, 256);
+    blade_engine *a = engine_of(m, BLADE_KV_F16, 16, 256);
+    blade_engine *b = engine_of(m, BLADE_KV_F16, 16, 256);
+    blade_cluster_key key = {0}, wrong = {0};
+    memset(key.bytes, 0x33, 32);
+    key.len = 32;
+    memset(wrong.bytes, 0x34, 32);
+    wrong.len = 32;
+    for (int keyed = 0; keyed < 2; keyed++) {
+        blade_disagg_config cfg = {.key = keyed ? &key : NULL, .timeout_ms = 5000, .transports = "tcp"};
+        blade_error err = {{0}};
+        blade_prefill_service *ps = blade_prefill_service_start(a, &cfg, "127.0.0.1", 0, &err);
+        if (!ps)
+            fail_msg("%s", err.msg);
+        uint16_t port = blade_prefill_service_port(ps);
+        for (int k = 0; k < 3; k++) {
+            spec s;
+            make_spec(m, &s, 90 + 40 * k, 16, k == 1 ? 0.0f : 0.8f, 50 + (uint64_t)k);
+            if (k == 2)
+                for (int32_t i = 0; i < 80; i++) /* five blocks b holds from k = 0 */
+                    s.prompt[i] = 0;
+            result want, got;
+            result_init(&want);
+            result_init(&got);
+            run_whole(one, &s, &want);
+            blade_remote_prefill rp;
+            if (k == 1) {
+                spec zero = s;
+                for (int32_t i = 0; i < 80; i++)
+                    zero.prompt[i] = 0;
+                s = zero;
+                result_free(&want);
+                result_init(&want);
+                run_whole(one, &s, &want);
+            }
+            blade_disagg_cause cause = remote(b, &cfg, port, &s, &got, &rp, &err);
+            if (cause != BLADE_DISAGG_OK)
+                fail_msg("remote prefill: %s: %s", blade_disagg_cause_name(cause), err.msg);
+            assert_same(&want, &got, keyed ? "over UCX with a key" : "over UCX on loopback");
+            if (k == 2)
+                assert_int_equal(rp.blocks_held, 5);
+            result_free(&want);
+            result_free(&got);
+        }
+        blade_prefill_service_stats st;
+        blade_prefill_service_stats_get(ps, &st);
+        assert_int_equal(st.served, 3);
+        assert_int_equal(st.failed, 0);
+        assert_true(st.blocks_skipped >= 5);
+        if (keyed) {
+            blade_disagg_config bad = cfg;
+            bad.key = &wrong;
+            spec s;
+            make_spec(m, &s, 20, 2, 0.0f, 0);
+            result got;
+            result_init(&got);
+            blade_remote_prefill rp;
+            assert_int_equal(remote(b, &bad, port, &s, &got, &rp, &err), BLADE_DISAGG_CONNECT);
+            result_free(&got);
+        }
+        blade_prefill_service_stop(ps);
+        spec s;
+        make_spec(m, &s, 20, 2, 0.0f, 0);
+        result got;
+        result_init(&got);
+        blade_remote_prefill rp;
+        assert_int_equal(remote(b, &cfg, port, &s, &got, &rp, &err), BLADE_DISAGG_CONNECT);
+        result_free(&got);
+    }
+    blade_error err = {{0}};
+    blade_disagg_config open_cfg = {.timeout_ms = 1000};
+    assert_null(blade_prefill_service_start(a, &open_cfg, "0.0.0.0", 0, &err));
+    assert_non_null(strstr(err.msg, "key"));
+    assert_clean(a);
+    assert_clean(b);
+    blade_engine_free(one, false);
+    blade_engine_free(a, false);
+    blade_engine_free(b, false);
+    blade_model_free(m);
+}
+
+/* A prefill peer that answers with a corrupted frame: the decode side refuses it with the
+ * reason, keeps nothing, and the request computed locally gives the same tokens. */
+typedef struct evil_peer {
+    blade_engine *a;
+    blade_kv_transport *t;
+    int corrupt; /* 0: flip a payload bit, 1: wrong fingerprint (another model), 2: truncate */
+} evil_peer;
+
+static void *evil_thread(void *arg)
+{
+    evil_peer *ev = arg;
+    blade_error err = {{0}};
+    blade_kv_conn *c = blade_kv_transport_accept(ev->t, 10000, &err);
+    if (!c)
+        return NULL;
+    void *buf;
+    size_t len;
+    if (blade_kv_recv(c, 1 << 20, &buf, &len, &err) == 0) {
+        /* the prompt, from the PREFILL message's JSON */
+        json_error_t je;
+        json_t *msg = json_loadb(buf, len - 32, 0, &je);
+        free(buf);
+        json_t *toks = json_object_get(msg, "tokens");
+        spec s = {0};
+        s.n_prompt = (int32_t)json_array_size(toks);
+        for (int32_t i = 0; i < s.n_prompt; i++)
+            s.prompt[i] = (int32_t)json_integer_value(json_array_get(toks, (size_t)i));
+        s.max_tokens = 1;
+        const char *tid_text = json_string_value(json_object_get(json_object_get(msg, "sampling"), "seed"));
+        (void)tid_text;
+        uint64_t tid = strtoull(json_string_value(json_object_get(msg, "transfer")), NULL, 16);
+        result pre;
+        result_init(&pre);
+        uint64_t id = prefill(ev->a, &s, &pre);
+        uint8_t fp[32], *q;
+        size_t ql;
+        blade_engine_fingerprint(ev->a, fp);
+        if (ev->corrupt == 1)
+            fp[0] ^= 1;
+        blade_kv_wire_have_query(fp, tid, pre.ex->hashes, pre.ex->n_hashes, NULL, &q, &ql, &err);
+        blade_kv_send(c, &(struct iovec){q, ql}, 1, &err);
+        free(q);
+        if (blade_kv_recv(c, 1 << 20, &buf, &len, &err) == 0) {
+            free(buf);
+            char first[128];
+            int n = snprintf(first, sizeof first, "{\"transfer\":\"%016llx\",\"first_token\":%d}",
+                             (unsigned long long)tid, pre.ex->first_token);
+            uint8_t mac[32];
+            blade_cluster_sign(NULL, first, (size_t)n, mac);
+            blade_kv_send(c, (struct iovec[]){{first, (size_t)n}, {mac, 32}}, 2, &err);
+            blade_kv_wire_frame_out fo;
+            blade_kv_handoff_encode(ev->a, pre.ex, tid, NULL, NULL, &fo, &err);
+            size_t fl;
+            uint8_t *frame = blade_kv_wire_flatten(&fo, &fl);
+            frame[fl / 2] ^= 4;
+            blade_kv_send(c, &(struct iovec){frame, ev->corrupt == 2 ? fl - 100 : fl}, 1, &err);
+            free(frame);
+            if (blade_kv_recv(c, 1 << 20, &buf, &len, &err) == 0) /* DONE, with the refusal */
+                free(buf);
+            blade_kv_wire_frame_out_free(&fo);
+        }
+        blade_engine_export_release(ev->a, id);
+        result_free(&pre);
+        json_decref(msg);
+    }
+    blade_kv_conn_close(c);
+    return NULL;
+}
+
+static void test_disagg_bad_frames_refused(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    blade_engine *a = engine_of(m, BLADE_KV_F16, 16, 64);
+    blade_engine *b = engine_of(m, BLADE_KV_F16, 16, 64);
+    const char *expect[] = {"checksum", "fingerprint", "KV frame"};
+    for (int corrupt = 0; corrupt < 3; corrupt++) {
+        blade_error err = {{0}};
+        blade_kv_transport_config tc = {.timeout_ms = 5000, .transports = "tcp"};
+        evil_peer ev = {.a = a, .corrupt = corrupt};
+        ev.t = blade_kv_transport_new(&tc, &err);
+        assert_non_null(ev.t);
+        assert_int_equal(blade_kv_transport_listen(ev.t, "127.0.0.1", 0, &err), 0);
+        pthread_t th;
+        pthread_create(&th, NULL, evil_thread, &ev);
+        spec s;
+        make_spec(m, &s, 50, 3, 0.0f, 0);
+        result got;
+        result_init(&got);
+        blade_remote_prefill rp;
+        blade_disagg_config cfg = {.timeout_ms = 5000, .transports = "tcp"};
+        blade_disagg_cause cause = remote(b, &cfg, blade_kv_transport_port(ev.t), &s, &got, &rp, &err);
+        pthread_join(th, NULL);
+        blade_kv_transport_free(ev.t);
+        if (cause == BLADE_DISAGG_OK || !strstr(err.msg, expect[corrupt]))
+            fail_msg("corruption %d: %s: %s", corrupt, blade_disagg_cause_name(cause), err.msg);
+        assert_true(cause == BLADE_DISAGG_REFUSED || (corrupt == 2 && cause == BLADE_DISAGG_PEER));
+        result_free(&got);
+    }
+    assert_clean(a);
+    assert_clean(b);
+    blade_engine_free(a, false);
+    blade_engine_free(b, false);
+    blade_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -548,6 +764,8 @@ int main(void)
         cmocka_unit_test(test_disagg_gap_recomputed),
         cmocka_unit_test(test_disagg_refusals),
         cmocka_unit_test(test_disagg_export_lifetime),
+        cmocka_unit_test(test_disagg_over_ucx),
+        cmocka_unit_test(test_disagg_bad_frames_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -64,6 +64,9 @@ int blade_kv_send(blade_kv_conn *c, const struct iovec *iov, size_t n_iov, blade
 int blade_kv_send_frame(blade_kv_conn *c, const blade_kv_wire_frame_out *frame, blade_error *err);
 /* Receives one message of at most max_bytes into a malloc'd buffer (*buf, *len). */
 int blade_kv_recv(blade_kv_conn *c, size_t max_bytes, void **buf, size_t *len, blade_error *err);
+/* The same with its own time bound (a reply that waits for a prefill to be computed). */
+int blade_kv_recv_within(blade_kv_conn *c, size_t max_bytes, int timeout_ms, void **buf, size_t *len,
+                         blade_error *err);
 /* The peer's address as text, for logs. */
 const char *blade_kv_conn_peer(const blade_kv_conn *c);
 void blade_kv_conn_close(blade_kv_conn *c);

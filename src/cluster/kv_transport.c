@@ -296,9 +296,15 @@ int blade_kv_send_frame(blade_kv_conn *c, const blade_kv_wire_frame_out *f, blad
 
 int blade_kv_recv(blade_kv_conn *c, size_t max_bytes, void **buf, size_t *len, blade_error *err)
 {
+    return blade_kv_recv_within(c, max_bytes, c->t->timeout_ms, buf, len, err);
+}
+
+int blade_kv_recv_within(blade_kv_conn *c, size_t max_bytes, int timeout_ms, void **buf, size_t *len,
+                         blade_error *err)
+{
     *buf = NULL;
     *len = 0;
-    int64_t deadline = now_ms() + c->t->timeout_ms;
+    int64_t deadline = now_ms() + timeout_ms;
     uint8_t header[MSG_HEADER_BYTES];
     if (recv_exact(c, header, sizeof header, deadline, err))
         return -1;
