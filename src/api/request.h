@@ -55,6 +55,9 @@ typedef struct api_request {
     bool ignore_eos;
     blade_traffic_class cls;
     char *cache_salt;
+    /* Disaggregated serving: the first prompt's KV, computed by a prefill worker (not owned;
+     * its staging store passes to the engine when the job is submitted). */
+    blade_kv_import *import;
 } api_request;
 
 /* Parses and validates a request body (bytes as received): 0, or -1 with err set (400 for

@@ -3,6 +3,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/engine_options.h"
+#include "cli/serve_role.h"
 #include "server/server.h"
 
 #include <ctype.h>
@@ -62,6 +63,7 @@ static void serve_usage(FILE *out)
             "(\"interactive\" or \"batch\"), cache_salt.\n\n",
             API_MAX_N, API_MAX_STOP, API_MAX_STOP_BYTES, API_MAX_LOGPROBS, API_MAX_TOP_LOGPROBS, API_MAX_PROMPTS,
             API_MAX_CHOICES);
+    serve_role_usage(out);
     cli_engine_usage(out);
 }
 
@@ -127,9 +129,15 @@ int cmd_serve(int argc, char **argv)
         {"body-timeout", required_argument, 0, OPT_BODY_TIMEOUT},
         {"help", no_argument, 0, 'h'},
     };
-    struct option *longopts = cli_merge_longopts(own, sizeof own / sizeof own[0]);
+    const size_t n_own = sizeof own / sizeof own[0];
+    struct option own_all[sizeof own / sizeof own[0] + 8];
+    memcpy(own_all, own, sizeof own);
+    memcpy(own_all + n_own, serve_role_longopts, serve_role_longopts_count * sizeof *own_all);
+    struct option *longopts = cli_merge_longopts(own_all, n_own + serve_role_longopts_count);
     if (!longopts)
         return 1;
+    serve_role_options ro;
+    serve_role_init(&ro);
     cli_engine_options eo;
     cli_engine_options_init(&eo);
     server_config sc = {.host = "127.0.0.1", .port = 8080, .api_key = getenv("BLADE_API_KEY"),
@@ -145,6 +153,8 @@ int cmd_serve(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:t:c:h", longopts, NULL)) != -1) {
         int handled = cli_engine_option(&eo, c, optarg);
+        if (!handled)
+            handled = serve_role_option(&ro, c, optarg);
         if (handled < 0)
             goto out;
         if (handled)
@@ -224,6 +234,9 @@ int cmd_serve(int argc, char **argv)
         goto out;
     }
 
+    if (serve_role_prepare(&ro, &sc))
+        goto out;
+
     /* Every thread started from here on inherits this mask, so the signals reach only the
      * sigwait below, never a connection or engine thread in the middle of its work. */
     sigset_t sigs;
@@ -283,6 +296,8 @@ int cmd_serve(int argc, char **argv)
                  sc.limit_loopback ? "" : " (loopback exempt)");
     printf("connections: head within %g s, body within %g s, per address %s\n", sc.header_timeout,
            sc.body_timeout, per_ip);
+    if (serve_role_start(&ro, e, srv, &err))
+        goto stop;
     server_set_model(srv, &am);
     printf("blade serve: ready\n");
     fflush(stdout);
@@ -298,6 +313,7 @@ stop:
     if (rc && err.msg[0])
         fprintf(stderr, "error: %s\n", err.msg);
     server_stop(srv);
+    serve_role_stop(&ro);
     blade_engine_free(e, false);
     if (have_am)
         api_model_destroy(&am);
@@ -307,6 +323,7 @@ stop:
         fflush(stdout);
     }
 out:
+    blade_cluster_key_wipe(&ro.key);
     free(longopts);
     return rc;
 }

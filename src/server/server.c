@@ -426,6 +426,42 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
     }
 }
 
+/* Decode role: has a prefill worker compute the request's prompt; true with req->import
+ * pointing into rp when it did. A failure is logged and counted, and the prompt is then
+ * computed here: the answer is the same. */
+static bool remote_prefill(conn *c, api_request *req, blade_remote_prefill *rp)
+{
+    server *s = c->s;
+    if (!s->cfg.disagg || req->n_prompts != 1 || req->n != 1 || req->logprobs >= 0)
+        return false;
+    const char *peer = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "X-Blade-Prefill");
+    if (!peer || !*peer)
+        peer = s->cfg.prefill_peer;
+    if (!peer || !*peer)
+        return false;
+    char host[256];
+    uint16_t port;
+    blade_error err = {{0}};
+    blade_disagg_cause cause = BLADE_DISAGG_LOCAL;
+    if (!blade_disagg_parse_peer(peer, host, sizeof host, &port, &err)) {
+        blade_request q;
+        blade_request_default(&q);
+        q.prompt_tokens = req->prompts[0].tokens;
+        q.n_prompt_tokens = req->prompts[0].n_tokens;
+        q.sampling = req->sampling;
+        q.cache_salt = req->cache_salt;
+        cause = blade_remote_prefill_run(s->am->engine, s->cfg.disagg, host, port, &q, rp, &err);
+    }
+    metrics_remote_prefill(&s->m, cause);
+    if (cause != BLADE_DISAGG_OK) {
+        fprintf(stderr, "blade serve: remote prefill at %s not used (%s): %s; computing the prompt here\n", peer,
+                blade_disagg_cause_name(cause), err.msg);
+        return false;
+    }
+    req->import = &rp->in.import;
+    return true;
+}
+
 static enum MHD_Result serve_completion(conn *c)
 {
     server *s = c->s;
@@ -447,7 +483,11 @@ static enum MHD_Result serve_completion(conn *c)
         return respond_error(c, &err);
     }
     bool stream = req.stream;
+    blade_remote_prefill rp;
+    bool remote = remote_prefill(c, &req, &rp);
     c->job = api_job_submit(s->am, &req, &c->sink, c->t_start, &err);
+    if (remote)
+        blade_remote_prefill_free(&rp);
     if (!c->job)
         return respond_error(c, &err);
     /* While the job runs, silence on the wire is the engine thinking (a long queue or
@@ -722,6 +762,13 @@ void server_set_model(server *s, api_model *am)
     pthread_mutex_lock(&s->mu);
     s->am = am;
     s->state = S_READY;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void server_set_prefill_service(server *s, blade_prefill_service *ps)
+{
+    pthread_mutex_lock(&s->mu);
+    s->m.prefill = ps;
     pthread_mutex_unlock(&s->mu);
 }
 

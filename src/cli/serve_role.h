@@ -1,0 +1,47 @@
+#ifndef BLADE_CLI_SERVE_ROLE_H
+#define BLADE_CLI_SERVE_ROLE_H
+
+/* `blade serve --role both|prefill|decode` and the flags of a cluster worker, kept apart
+ * from serve's own flags: parsing, the cluster key, and the prefill service's lifetime. */
+
+#include "blade/cluster_auth.h"
+#include "blade/disagg.h"
+#include "server/server.h"
+
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+/* getopt codes of these flags (below the engine's CLI_ENGINE_OPT_BASE). */
+#define SERVE_ROLE_OPT_BASE 900
+
+typedef enum serve_role { ROLE_BOTH, ROLE_PREFILL, ROLE_DECODE } serve_role;
+
+typedef struct serve_role_options {
+    serve_role role;
+    const char *kv_listen;    /* prefill: HOST:PORT of the KV service */
+    const char *prefill_peer; /* decode: the prefill worker's KV service, HOST:PORT */
+    const char *key_file;
+    const char *transports;
+    int timeout_ms;
+    blade_cluster_key key;
+    bool has_key;
+    blade_disagg_config disagg;
+    blade_prefill_service *service;
+} serve_role_options;
+
+extern const struct option serve_role_longopts[];
+extern const size_t serve_role_longopts_count;
+
+void serve_role_init(serve_role_options *o);
+/* 1 when code was one of these flags, 0 when not, -1 on a bad value (reported). */
+int serve_role_option(serve_role_options *o, int code, const char *arg);
+void serve_role_usage(FILE *out);
+/* Before the server starts: loads the key, checks the flags agree with the role, and sets
+ * sc's decode fields. -1 with the reason on stderr. */
+int serve_role_prepare(serve_role_options *o, server_config *sc);
+/* Once the engine runs: starts the prefill role's KV service and prints where it listens. */
+int serve_role_start(serve_role_options *o, blade_engine *e, server *srv, blade_error *err);
+void serve_role_stop(serve_role_options *o);
+
+#endif
