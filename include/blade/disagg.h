@@ -79,7 +79,7 @@ blade_disagg_cause blade_remote_prefill_run(blade_engine *e, const blade_disagg_
                                             blade_error *err);
 void blade_remote_prefill_free(blade_remote_prefill *rp);
 
-/* "HOST:PORT" or "[V6]:PORT" into host (cap bytes) and port. */
+/* "HOST:PORT" or "[V6]:PORT" into host (cap bytes) and port (0 allowed: a listener's any). */
 int blade_disagg_parse_peer(const char *s, char *host, size_t cap, uint16_t *port, blade_error *err);
 
 #endif

@@ -46,7 +46,7 @@ int blade_disagg_parse_peer(const char *s, char *host, size_t cap, uint16_t *por
     }
     char *end;
     long p = colon ? strtol(colon + 1, &end, 10) : -1;
-    if (!colon || hl == 0 || hl >= cap || !colon[1] || *end || p < 1 || p > 65535)
+    if (!colon || hl == 0 || hl >= cap || !colon[1] || *end || p < 0 || p > 65535)
         return blade_error_set(err, "'%s' is not HOST:PORT", s);
     memcpy(host, h, hl);
     host[hl] = 0;
@@ -565,6 +565,8 @@ blade_disagg_cause blade_remote_prefill_run(blade_engine *e, const blade_disagg_
                                             blade_error *err)
 {
     memset(out, 0, sizeof *out);
+    if (port == 0)
+        return blade_error_set(err, "the prefill worker's port is 0"), BLADE_DISAGG_CONNECT;
     double t0 = seconds_now();
     blade_kv_transport_config tc = {.key = cfg->key, .timeout_ms = timeout_of(cfg), .transports = cfg->transports};
     blade_kv_transport *t = blade_kv_transport_new(&tc, err);
