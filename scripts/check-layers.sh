@@ -21,7 +21,7 @@ declare -A rank=(
     [runner]=6 [convert]=6 [bench]=6
     [engine]=7 [eval]=7
     [api]=8 [loadgen]=8 [cluster]=8
-    [server]=9
+    [server]=9 [router]=9
     [cli]=10
 )
 core_top=7

@@ -20,6 +20,7 @@ int cmd_bench_ablation(int argc, char **argv);
 int cmd_bench_compare(int argc, char **argv);
 int cmd_bench_kv_transfer(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_router(int argc, char **argv);
 int cmd_batch(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 

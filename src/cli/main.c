@@ -20,6 +20,7 @@ static const command commands[] = {
     {"imatrix", cmd_imatrix, "record activation importance from calibration text, for quantize --imatrix"},
     {"synth", cmd_synth, "write a random-weight GGUF of a real model's shape"},
     {"bench", cmd_bench, "measure prompt processing, generation and batched decode speed"},
+    {"router", cmd_router, "the OpenAI front door of a cluster: cache- and load-aware routing to workers"},
     {"serve", cmd_serve, "serve the OpenAI API over HTTP (completions, chat, streaming, metrics)"},
     {"batch", cmd_batch, "run an OpenAI Batch API JSONL file through the engine"},
     {"template", cmd_template, "render a chat template for a conversation"},

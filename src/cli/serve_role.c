@@ -107,6 +107,7 @@ int serve_role_start(serve_role_options *o, blade_engine *e, server *srv, blade_
 {
     const char *role = o->role == ROLE_PREFILL ? "prefill" : o->role == ROLE_DECODE ? "decode" : "both";
     if (o->role != ROLE_PREFILL) {
+        server_set_role(srv, role, NULL, NULL);
         printf("role: %s%s%s; cluster key: %s\n", role, o->prefill_peer ? ", prefill worker " : "",
                o->prefill_peer ? o->prefill_peer : "", o->has_key ? "yes" : "no");
         return 0;
@@ -117,10 +118,11 @@ int serve_role_start(serve_role_options *o, blade_engine *e, server *srv, blade_
         return -1;
     if (!(o->service = blade_prefill_service_start(e, &o->disagg, host, port, err)))
         return -1;
-    server_set_prefill_service(srv, o->service);
     bool v6 = strchr(host, ':') != NULL;
-    printf("role: prefill; KV service on %s%s%s:%u (UCX); cluster key: %s\n", v6 ? "[" : "", host, v6 ? "]" : "",
-           blade_prefill_service_port(o->service), o->has_key ? "yes" : "no");
+    char addr[300];
+    snprintf(addr, sizeof addr, "%s%s%s:%u", v6 ? "[" : "", host, v6 ? "]" : "", blade_prefill_service_port(o->service));
+    server_set_role(srv, role, o->service, addr);
+    printf("role: prefill; KV service on %s (UCX); cluster key: %s\n", addr, o->has_key ? "yes" : "no");
     return 0;
 }
 

@@ -66,6 +66,8 @@ struct server {
     int queued;   /* jobs that have not produced an event yet */
     conn *active;
     metrics m;
+    char role[16];     /* both, prefill or decode */
+    char kv_addr[300]; /* prefill role: HOST:PORT of the KV service */
 };
 
 static double now(void)
@@ -531,7 +533,19 @@ static enum MHD_Result serve_get(conn *c)
     pthread_mutex_unlock(&s->mu);
     if (c->route == R_HEALTH) {
         const char *word = st == S_READY ? "ok" : st == S_LOADING ? "loading" : "draining";
-        return respond_json(c, st == S_READY ? 200 : 503, json_pack("{s:s}", "status", word));
+        json_t *j = json_pack("{s:s, s:s}", "status", word, "role", s->role);
+        /* what a router pairs workers by: KV from engines with another fingerprint never mixes */
+        if (j && st != S_LOADING) {
+            uint8_t fp[BLADE_ENGINE_FINGERPRINT_BYTES];
+            char hex[2 * sizeof fp + 1];
+            blade_engine_fingerprint(s->am->engine, fp);
+            for (size_t i = 0; i < sizeof fp; i++)
+                snprintf(hex + 2 * i, 3, "%02x", fp[i]);
+            json_object_set_new(j, "kv_fingerprint", json_string(hex));
+        }
+        if (j && s->kv_addr[0])
+            json_object_set_new(j, "kv", json_string(s->kv_addr));
+        return respond_json(c, st == S_READY ? 200 : 503, j);
     }
     if (c->route == R_METRICS) {
         api_buf out = {0};
@@ -711,6 +725,7 @@ server *server_start(const server_config *cfg, blade_error *err)
     if (!s)
         return blade_error_set(err, "out of memory"), NULL;
     s->cfg = *cfg;
+    snprintf(s->role, sizeof s->role, "both");
     if (cfg->api_key) {
         s->has_key = true;
         key_digest(cfg->api_key, strlen(cfg->api_key), s->key_hash);
@@ -765,9 +780,11 @@ void server_set_model(server *s, api_model *am)
     pthread_mutex_unlock(&s->mu);
 }
 
-void server_set_prefill_service(server *s, blade_prefill_service *ps)
+void server_set_role(server *s, const char *role, blade_prefill_service *ps, const char *kv_addr)
 {
     pthread_mutex_lock(&s->mu);
+    snprintf(s->role, sizeof s->role, "%s", role);
+    snprintf(s->kv_addr, sizeof s->kv_addr, "%s", kv_addr ? kv_addr : "");
     s->m.prefill = ps;
     pthread_mutex_unlock(&s->mu);
 }

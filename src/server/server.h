@@ -49,8 +49,9 @@ server *server_start(const server_config *cfg, blade_error *err);
 int server_port(const server *s);
 /* The model is loaded: requests are served from now on. am must outlive the server. */
 void server_set_model(server *s, api_model *am);
-/* Prefill role: /metrics shows the service's counters. */
-void server_set_prefill_service(server *s, blade_prefill_service *ps);
+/* The worker's role for /health (a router reads it); prefill role: its KV service, whose
+ * counters /metrics shows, and the address decode workers reach it at. */
+void server_set_role(server *s, const char *role, blade_prefill_service *ps, const char *kv_addr);
 /* Stops taking new requests (503, /health 503), lets in-flight ones finish for up to
  * drain_timeout seconds, then aborts what is left and waits for it to end. */
 void server_drain(server *s);
