@@ -7,7 +7,7 @@
 
 #include "testutil.h"
 
-#include "cluster/netns.h"
+#include "cluster_harness.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -27,94 +27,22 @@ static void need_netns(void)
     }
 }
 
-/* Runs curl inside host i; its stdout (malloc'd). */
-static char *curl_in(const blade_netns *net, int i, const char *args)
-{
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "ip netns exec %s curl -s --max-time 60 %s", net->name[i], args);
-    char *out = NULL;
-    run_command(cmd, &out);
-    return out ? out : strdup("");
-}
-
-static bool healthy(const blade_netns *net, int i)
-{
-    char args[128];
-    snprintf(args, sizeof args, "-o /dev/null -w '%%{http_code}' http://%s:8080/health", net->addr[i]);
-    char *code = curl_in(net, i, args);
-    bool ok = !strcmp(code, "200");
-    free(code);
-    return ok;
-}
-
-static void wait_healthy(const blade_netns *net, int i)
-{
-    for (int t = 0; t < 300; t++) {
-        if (healthy(net, i))
-            return;
-        usleep(100000);
-    }
-    fail_msg("the server in host %d did not become healthy", i);
-}
-
 static pid_t start_server(blade_netns *net, int i, const char *model, const char *extra, const char *log)
 {
-    char *argv[64];
-    int n = 0;
-    static char words[64][256];
-    char line[2048];
-    snprintf(line, sizeof line, "%s serve -m %s --host %s --port 8080 --kv-mem 64M -t 1 %s", BLADE_BINARY, model,
-             net->addr[i], extra);
-    for (char *tok = strtok(line, " "); tok && n < 63; tok = strtok(NULL, " ")) {
-        snprintf(words[n], sizeof words[n], "%s", tok);
-        argv[n] = words[n];
-        n++;
-    }
-    argv[n] = NULL;
-    blade_error err = {{0}};
-    pid_t pid = blade_netns_spawn_cmd(net, i, argv, log, &err);
-    if (pid < 0)
-        fail_msg("%s", err.msg);
+    char args[2048];
+    snprintf(args, sizeof args, "serve -m %s --host %s --port 8080 --kv-mem 64M -t 1 %s", model, net->addr[i], extra);
+    pid_t pid = ns_blade(net, i, args, log);
     return pid;
 }
 
-/* A completion's body from host i: the whole JSON (non-streaming) or the event stream. */
-static char *complete(const blade_netns *net, int i, const char *body, bool chat)
+static char *complete(const blade_netns *net, int i, const char *body)
 {
-    char args[4096];
-    snprintf(args, sizeof args, "-N http://%s:8080/v1/%s -H 'Content-Type: application/json' -d '%s'",
-             net->addr[i], chat ? "chat/completions" : "completions", body);
-    return curl_in(net, i, args);
-}
-
-/* The generated text of a response or stream, with ids and timestamps left out. */
-static char *text_of(const char *resp)
-{
-    size_t cap = strlen(resp) + 1, n = 0;
-    char *out = calloc(cap, 1);
-    for (const char *p = resp; (p = strstr(p, "\"text\":\"")) != NULL;) {
-        p += 8;
-        while (*p && !(*p == '"' && p[-1] != '\\'))
-            out[n++] = *p++;
-        out[n++] = '|';
-    }
-    const char *f = strstr(resp, "\"finish_reason\":\"");
-    if (f)
-        for (f += 17; *f && *f != '"';)
-            out[n++] = *f++;
-    return out;
+    return ns_complete(net, i, net->addr[i], 8080, body);
 }
 
 static long metric(const blade_netns *net, int i, const char *name)
 {
-    char args[128];
-    snprintf(args, sizeof args, "http://%s:8080/metrics", net->addr[i]);
-    char *m = curl_in(net, i, args), line[256];
-    snprintf(line, sizeof line, "\n%s", name); /* a sample, not its # HELP line */
-    const char *p = strstr(m, line);
-    long v = p ? strtol(p + strlen(line), NULL, 10) : -1;
-    free(m);
-    return v;
+    return ns_metric(net, i, net->addr[i], 8080, name);
 }
 
 static const char *const bodies[] = {
@@ -132,8 +60,8 @@ static const char *const bodies[] = {
 static void compare_all(const blade_netns *net, const char *what)
 {
     for (size_t b = 0; b < N_BODIES; b++) {
-        char *want_r = complete(net, COLOCATED, bodies[b], false), *got_r = complete(net, DECODE, bodies[b], false);
-        char *want = text_of(want_r), *got = text_of(got_r);
+        char *want_r = complete(net, COLOCATED, bodies[b]), *got_r = complete(net, DECODE, bodies[b]);
+        char *want = completion_text(want_r), *got = completion_text(got_r);
         if (!want[0] || strcmp(want, got))
             fail_msg("%s, request %zu: decode worker said\n  %s\nthe colocated server\n  %s", what, b, got_r, want_r);
         free(want);
@@ -168,16 +96,12 @@ static void test_prefill_decode_in_namespaces(void **state)
     start_server(&net, DECODE, model, extra, logs[DECODE]);
     start_server(&net, COLOCATED, model, "", logs[COLOCATED]);
     for (int i = 0; i < N_HOSTS; i++)
-        wait_healthy(&net, i);
+        ns_wait_healthy(&net, i, 8080);
 
     compare_all(&net, "disaggregated");
     long ok = metric(&net, DECODE, "blade:remote_prefills_total{result=\"ok\"} ");
     long served = metric(&net, PREFILL, "blade:prefill_service_served_total ");
-    if (ok != (long)N_BODIES) {
-        char args[128];
-        snprintf(args, sizeof args, "http://%s:8080/metrics", net.addr[DECODE]);
-        fail_msg("%ld remote prefills, expected %d:\n%s", ok, (int)N_BODIES, curl_in(&net, DECODE, args));
-    }
+    assert_int_equal(ok, (long)N_BODIES);
     assert_int_equal(served, (long)N_BODIES);
     /* request 2 shares request 0's first blocks, which the decode worker held */
     assert_true(metric(&net, PREFILL, "blade:prefill_service_blocks_skipped_total ") > 0);

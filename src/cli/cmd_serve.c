@@ -296,7 +296,7 @@ int cmd_serve(int argc, char **argv)
                  sc.limit_loopback ? "" : " (loopback exempt)");
     printf("connections: head within %g s, body within %g s, per address %s\n", sc.header_timeout,
            sc.body_timeout, per_ip);
-    if (serve_role_start(&ro, e, srv, &err))
+    if (serve_role_start(&ro, e, srv, &sc, &err))
         goto stop;
     server_set_model(srv, &am);
     printf("blade serve: ready\n");

@@ -4,9 +4,22 @@
 
 #include "cli/cli_util.h"
 
+#include <ctype.h>
+#include <jansson.h>
 #include <string.h>
 
-enum { OPT_ROLE = SERVE_ROLE_OPT_BASE, OPT_KV_LISTEN, OPT_PREFILL, OPT_KEY_FILE, OPT_KV_TRANSPORTS, OPT_KV_TIMEOUT };
+enum {
+    OPT_ROLE = SERVE_ROLE_OPT_BASE,
+    OPT_KV_LISTEN,
+    OPT_PREFILL,
+    OPT_KEY_FILE,
+    OPT_KV_TRANSPORTS,
+    OPT_KV_TIMEOUT,
+    OPT_ETCD,
+    OPT_CLUSTER,
+    OPT_ADVERTISE,
+    OPT_ETCD_TTL,
+};
 
 const struct option serve_role_longopts[] = {
     {"role", required_argument, 0, OPT_ROLE},
@@ -15,6 +28,10 @@ const struct option serve_role_longopts[] = {
     {"cluster-key-file", required_argument, 0, OPT_KEY_FILE},
     {"kv-transports", required_argument, 0, OPT_KV_TRANSPORTS},
     {"kv-timeout", required_argument, 0, OPT_KV_TIMEOUT},
+    {"etcd", required_argument, 0, OPT_ETCD},
+    {"cluster", required_argument, 0, OPT_CLUSTER},
+    {"advertise", required_argument, 0, OPT_ADVERTISE},
+    {"etcd-ttl", required_argument, 0, OPT_ETCD_TTL},
 };
 const size_t serve_role_longopts_count = sizeof serve_role_longopts / sizeof serve_role_longopts[0];
 
@@ -23,6 +40,7 @@ void serve_role_init(serve_role_options *o)
     memset(o, 0, sizeof *o);
     o->role = ROLE_BOTH;
     o->timeout_ms = 10000;
+    o->etcd_ttl = 5;
 }
 
 int serve_role_option(serve_role_options *o, int code, const char *arg)
@@ -50,6 +68,14 @@ int serve_role_option(serve_role_options *o, int code, const char *arg)
             return -1;
         o->timeout_ms = (int)n * 1000;
         return 1;
+    case OPT_ETCD: o->etcd = arg; return 1;
+    case OPT_CLUSTER: o->cluster = arg; return 1;
+    case OPT_ADVERTISE: o->advertise = arg; return 1;
+    case OPT_ETCD_TTL:
+        if (!cli_parse_int("--etcd-ttl", arg, 2, 3600, &n))
+            return -1;
+        o->etcd_ttl = (int)n;
+        return 1;
     default: return 0;
     }
 }
@@ -71,7 +97,12 @@ void serve_role_usage(FILE *out)
             "                           carries an HMAC under it; peers without it are dropped\n"
             "      --kv-transports TLS  UCX transports (UCX_TLS syntax; 'tcp' between network\n"
             "                           namespaces of one host; default: UCX's choice)\n"
-            "      --kv-timeout SECONDS bound on connecting and on each KV message (default 10)\n\n");
+            "      --kv-timeout SECONDS bound on connecting and on each KV message (default 10)\n"
+            "      --etcd URL,...       register this worker in etcd (with --cluster) for `blade router\n"
+            "                           --etcd`: its URL, role, KV address and fingerprint, under a lease\n"
+            "      --cluster NAME       the cluster's key prefix (blade/NAME/workers/)\n"
+            "      --advertise URL      the URL routers reach this worker at (default http://HOST:PORT)\n"
+            "      --etcd-ttl SECONDS   the lease: a worker that stops renewing leaves within it (default 5)\n\n");
 }
 
 int serve_role_prepare(serve_role_options *o, server_config *sc)
@@ -90,6 +121,10 @@ int serve_role_prepare(serve_role_options *o, server_config *sc)
         fprintf(stderr, "error: --kv-listen is for --role prefill\n");
         return -1;
     }
+    if (!o->etcd != !o->cluster) {
+        fprintf(stderr, "error: --etcd and --cluster go together\n");
+        return -1;
+    }
     if (o->prefill_peer && o->role != ROLE_DECODE) {
         fprintf(stderr, "error: --prefill is for --role decode\n");
         return -1;
@@ -103,14 +138,47 @@ int serve_role_prepare(serve_role_options *o, server_config *sc)
     return 0;
 }
 
-int serve_role_start(serve_role_options *o, blade_engine *e, server *srv, blade_error *err)
+/* The worker's registration: what a router needs before its first poll. */
+static int register_worker(serve_role_options *o, blade_engine *e, const char *role, const char *kv,
+                           const server_config *sc, int port, blade_error *err)
+{
+    char url[512], key[768];
+    bool v6 = strchr(sc->host, ':') != NULL;
+    if (o->advertise)
+        snprintf(url, sizeof url, "%s", o->advertise);
+    else
+        snprintf(url, sizeof url, "http://%s%s%s:%d", v6 ? "[" : "", sc->host, v6 ? "]" : "", port);
+    snprintf(key, sizeof key, "blade/%s/workers/", o->cluster);
+    size_t kl = strlen(key);
+    for (const char *p = url + (strncmp(url, "http://", 7) ? 0 : 7); *p && kl + 1 < sizeof key; p++)
+        key[kl++] = (char)(isalnum((unsigned char)*p) || *p == '.' || *p == '-' ? *p : '_');
+    key[kl] = 0;
+    uint8_t fp[BLADE_ENGINE_FINGERPRINT_BYTES];
+    char hex[2 * sizeof fp + 1];
+    blade_engine_fingerprint(e, fp);
+    for (size_t i = 0; i < sizeof fp; i++)
+        snprintf(hex + 2 * i, 3, "%02x", fp[i]);
+    json_t *j = json_pack("{s:s, s:s, s:s, s:s}", "url", url, "role", role, "kv", kv ? kv : "", "kv_fingerprint", hex);
+    char *value = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    blade_etcd_config ec = {.endpoints = o->etcd, .timeout_ms = 2000};
+    if (value && (o->etcd_client = blade_etcd_new(&ec, err)))
+        o->registration = blade_etcd_register(o->etcd_client, key, value, strlen(value), o->etcd_ttl, err);
+    free(value);
+    if (!o->registration)
+        return -1;
+    printf("etcd: registered as %s (%s) with a %d s lease\n", key, url, o->etcd_ttl);
+    return 0;
+}
+
+int serve_role_start(serve_role_options *o, blade_engine *e, server *srv, const server_config *sc, blade_error *err)
 {
     const char *role = o->role == ROLE_PREFILL ? "prefill" : o->role == ROLE_DECODE ? "decode" : "both";
     if (o->role != ROLE_PREFILL) {
         server_set_role(srv, role, NULL, NULL);
         printf("role: %s%s%s; cluster key: %s\n", role, o->prefill_peer ? ", prefill worker " : "",
                o->prefill_peer ? o->prefill_peer : "", o->has_key ? "yes" : "no");
-        return 0;
+        return o->etcd ? register_worker(o, e, role, NULL, sc, server_port(srv), err) : 0;
     }
     char host[256] = "127.0.0.1";
     uint16_t port = 0;
@@ -123,11 +191,15 @@ int serve_role_start(serve_role_options *o, blade_engine *e, server *srv, blade_
     snprintf(addr, sizeof addr, "%s%s%s:%u", v6 ? "[" : "", host, v6 ? "]" : "", blade_prefill_service_port(o->service));
     server_set_role(srv, role, o->service, addr);
     printf("role: prefill; KV service on %s (UCX); cluster key: %s\n", addr, o->has_key ? "yes" : "no");
-    return 0;
+    return o->etcd ? register_worker(o, e, role, addr, sc, server_port(srv), err) : 0;
 }
 
 void serve_role_stop(serve_role_options *o)
 {
+    blade_etcd_unregister(o->registration);
+    o->registration = NULL;
+    blade_etcd_free(o->etcd_client);
+    o->etcd_client = NULL;
     blade_prefill_service_stop(o->service);
     o->service = NULL;
     blade_cluster_key_wipe(&o->key);

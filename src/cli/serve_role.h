@@ -6,6 +6,7 @@
 
 #include "blade/cluster_auth.h"
 #include "blade/disagg.h"
+#include "blade/etcd_client.h"
 #include "server/server.h"
 
 #include <getopt.h>
@@ -24,6 +25,12 @@ typedef struct serve_role_options {
     const char *key_file;
     const char *transports;
     int timeout_ms;
+    const char *etcd;         /* register in etcd under blade/<cluster>/workers/ */
+    const char *cluster;
+    const char *advertise;    /* the URL a router reaches this worker at */
+    int etcd_ttl;
+    blade_etcd *etcd_client;
+    blade_etcd_registration *registration;
     blade_cluster_key key;
     bool has_key;
     blade_disagg_config disagg;
@@ -40,8 +47,10 @@ void serve_role_usage(FILE *out);
 /* Before the server starts: loads the key, checks the flags agree with the role, and sets
  * sc's decode fields. -1 with the reason on stderr. */
 int serve_role_prepare(serve_role_options *o, server_config *sc);
-/* Once the engine runs: starts the prefill role's KV service and prints where it listens. */
-int serve_role_start(serve_role_options *o, blade_engine *e, server *srv, blade_error *err);
+/* Once the engine runs: starts the prefill role's KV service and prints where it listens;
+ * with --etcd registers the worker (URL, role, KV address, fingerprint) under a lease kept
+ * alive until serve_role_stop. */
+int serve_role_start(serve_role_options *o, blade_engine *e, server *srv, const server_config *sc, blade_error *err);
 void serve_role_stop(serve_role_options *o);
 
 #endif
