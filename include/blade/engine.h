@@ -186,6 +186,8 @@ int32_t blade_engine_max_context(const blade_engine *e);
  * metadata and tensor table), the KV type and the block size. Engines with different
  * fingerprints never exchange blocks. */
 void blade_engine_fingerprint(const blade_engine *e, uint8_t out[BLADE_ENGINE_FINGERPRINT_BYTES]);
+/* The same as lowercase hex (what /health and etcd registrations show). */
+void blade_engine_fingerprint_hex(const blade_engine *e, char out[2 * BLADE_ENGINE_FINGERPRINT_BYTES + 1]);
 /* The paged store (its shape for staging stores and wire frames; exported blocks are read
  * from it while held). */
 const blade_kv_store *blade_engine_kv_store(const blade_engine *e);

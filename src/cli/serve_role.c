@@ -153,11 +153,8 @@ static int register_worker(serve_role_options *o, blade_engine *e, const char *r
     for (const char *p = url + (strncmp(url, "http://", 7) ? 0 : 7); *p && kl + 1 < sizeof key; p++)
         key[kl++] = (char)(isalnum((unsigned char)*p) || *p == '.' || *p == '-' ? *p : '_');
     key[kl] = 0;
-    uint8_t fp[BLADE_ENGINE_FINGERPRINT_BYTES];
-    char hex[2 * sizeof fp + 1];
-    blade_engine_fingerprint(e, fp);
-    for (size_t i = 0; i < sizeof fp; i++)
-        snprintf(hex + 2 * i, 3, "%02x", fp[i]);
+    char hex[2 * BLADE_ENGINE_FINGERPRINT_BYTES + 1];
+    blade_engine_fingerprint_hex(e, hex);
     json_t *j = json_pack("{s:s, s:s, s:s, s:s}", "url", url, "role", role, "kv", kv ? kv : "", "kv_fingerprint", hex);
     char *value = json_dumps(j, JSON_COMPACT);
     json_decref(j);

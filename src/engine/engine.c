@@ -237,6 +237,16 @@ void blade_engine_fingerprint(const blade_engine *e, uint8_t out[BLADE_ENGINE_FI
     memcpy(out, e->fingerprint, BLADE_ENGINE_FINGERPRINT_BYTES);
 }
 
+void blade_engine_fingerprint_hex(const blade_engine *e, char out[2 * BLADE_ENGINE_FINGERPRINT_BYTES + 1])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < BLADE_ENGINE_FINGERPRINT_BYTES; i++) {
+        out[2 * i] = digits[e->fingerprint[i] >> 4];
+        out[2 * i + 1] = digits[e->fingerprint[i] & 15];
+    }
+    out[2 * BLADE_ENGINE_FINGERPRINT_BYTES] = 0;
+}
+
 const blade_kv_store *blade_engine_kv_store(const blade_engine *e)
 {
     return e->store;

@@ -536,11 +536,8 @@ static enum MHD_Result serve_get(conn *c)
         json_t *j = json_pack("{s:s, s:s}", "status", word, "role", s->role);
         /* what a router pairs workers by: KV from engines with another fingerprint never mixes */
         if (j && st != S_LOADING) {
-            uint8_t fp[BLADE_ENGINE_FINGERPRINT_BYTES];
-            char hex[2 * sizeof fp + 1];
-            blade_engine_fingerprint(s->am->engine, fp);
-            for (size_t i = 0; i < sizeof fp; i++)
-                snprintf(hex + 2 * i, 3, "%02x", fp[i]);
+            char hex[2 * BLADE_ENGINE_FINGERPRINT_BYTES + 1];
+            blade_engine_fingerprint_hex(s->am->engine, hex);
             json_object_set_new(j, "kv_fingerprint", json_string(hex));
         }
         if (j && s->kv_addr[0])
