@@ -99,19 +99,19 @@ static void test_prefill_decode_in_namespaces(void **state)
         ns_wait_healthy(&net, i, 8080);
 
     compare_all(&net, "disaggregated");
-    long ok = metric(&net, DECODE, "blade:remote_prefills_total{result=\"ok\"} ");
-    long served = metric(&net, PREFILL, "blade:prefill_service_served_total ");
+    long ok = metric(&net, DECODE, "blade:remote_prefills_total{result=\"ok\"}");
+    long served = metric(&net, PREFILL, "blade:prefill_service_served_total");
     assert_int_equal(ok, (long)N_BODIES);
     assert_int_equal(served, (long)N_BODIES);
     /* request 2 shares request 0's first blocks, which the decode worker held */
-    assert_true(metric(&net, PREFILL, "blade:prefill_service_blocks_skipped_total ") > 0);
+    assert_true(metric(&net, PREFILL, "blade:prefill_service_blocks_skipped_total") > 0);
 
     kill(prefill, SIGKILL);
     blade_netns_wait(&net, prefill, 5000);
     compare_all(&net, "prefill worker killed");
-    assert_int_equal(metric(&net, DECODE, "blade:remote_prefills_total{result=\"ok\"} "), ok);
-    assert_true(metric(&net, DECODE, "blade:remote_prefills_total{result=\"connect\"} ") +
-                    metric(&net, DECODE, "blade:remote_prefills_total{result=\"peer\"} ") ==
+    assert_int_equal(metric(&net, DECODE, "blade:remote_prefills_total{result=\"ok\"}"), ok);
+    assert_true(metric(&net, DECODE, "blade:remote_prefills_total{result=\"connect\"}") +
+                    metric(&net, DECODE, "blade:remote_prefills_total{result=\"peer\"}") ==
                 (long)N_BODIES);
     blade_netns_destroy(&net);
     char *log = read_file(logs[DECODE], NULL);
@@ -133,7 +133,8 @@ static void test_role_refusals(void **state)
     snprintf(args, sizeof args, "serve -m %s --port 0 --kv-mem 16M -t 1 --role prefill --kv-listen 0.0.0.0:0", model);
     int rc = run_blade_within(60, args, &out, 1);
     assert_int_equal(rc, 1);
-    if (!strstr(out, "key"))
+    bool named = strstr(out, "key") != NULL;
+    if (!named)
         fail_msg("a keyless non-loopback KV listener was not refused for its key: %s", out);
     free(out);
     snprintf(args, sizeof args, "serve -m %s --port 0 --prefill 127.0.0.1:1", model);

@@ -130,10 +130,13 @@ int cmd_serve(int argc, char **argv)
         {"help", no_argument, 0, 'h'},
     };
     const size_t n_own = sizeof own / sizeof own[0];
-    struct option own_all[sizeof own / sizeof own[0] + 8];
+    struct option *own_all = malloc((n_own + serve_role_longopts_count) * sizeof *own_all);
+    if (!own_all)
+        return 1;
     memcpy(own_all, own, sizeof own);
     memcpy(own_all + n_own, serve_role_longopts, serve_role_longopts_count * sizeof *own_all);
     struct option *longopts = cli_merge_longopts(own_all, n_own + serve_role_longopts_count);
+    free(own_all);
     if (!longopts)
         return 1;
     serve_role_options ro;

@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,9 @@ struct router {
 
 typedef struct rconn {
     router *r;
+    /* the request's own reference, and a streaming response's: libmicrohttpd may end the
+     * request before it destroys the response */
+    atomic_int refs;
     char *body;
     size_t len;
     bool too_big;
@@ -272,6 +276,17 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max)
     return MHD_CONTENT_READER_END_OF_STREAM;
 }
 
+static void rconn_release(rconn *c)
+{
+    if (atomic_fetch_sub(&c->refs, 1) != 1)
+        return;
+    relay_end(c);
+    finish_choice(c, false);
+    free(c->body);
+    free(c->buf);
+    free(c);
+}
+
 static void stream_free(void *cls)
 {
     rconn *c = cls;
@@ -281,6 +296,7 @@ static void stream_free(void *cls)
     }
     relay_end(c); /* closing the worker's connection aborts the request there */
     finish_choice(c, false);
+    rconn_release(c);
 }
 
 static enum MHD_Result serve_completion(rconn *c, struct MHD_Connection *mc, const char *path)
@@ -336,6 +352,7 @@ static enum MHD_Result serve_completion(rconn *c, struct MHD_Connection *mc, con
                 MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, c, stream_free);
             if (!resp)
                 return MHD_NO;
+            atomic_fetch_add(&c->refs, 1);
             MHD_add_response_header(resp, "Content-Type", "text/event-stream");
             MHD_add_response_header(resp, "Cache-Control", "no-cache");
             enum MHD_Result ret = MHD_queue_response(mc, MHD_HTTP_OK, resp);
@@ -456,6 +473,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         if (!(c = calloc(1, sizeof *c)))
             return MHD_NO;
         c->r = r;
+        atomic_init(&c->refs, 1);
         *con_cls = c;
         return MHD_YES;
     }
@@ -499,11 +517,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     rconn *c = *con_cls;
     if (!c)
         return;
-    relay_end(c);
-    finish_choice(c, false);
-    free(c->body);
-    free(c->buf);
-    free(c);
+    rconn_release(c);
     *con_cls = NULL;
 }
 
