@@ -10,7 +10,7 @@ root="${1:-$(dirname "$0")/..}"
 cd "$root"
 
 # Layers, lowest first (README.md, "Layers"). Directories on one rank may not include each
-# other. Ranks 0-7 form the core library (blade_core).
+# other. Ranks 0-8 form the core library (blade_core).
 declare -A rank=(
     [common]=0
     [tensor]=1
@@ -20,11 +20,12 @@ declare -A rank=(
     [model]=5
     [runner]=6 [convert]=6 [bench]=6
     [engine]=7 [eval]=7
-    [api]=8 [loadgen]=8 [cluster]=8
-    [server]=9 [router]=9
-    [cli]=10
+    [imatrix]=8
+    [api]=9 [loadgen]=9 [cluster]=9
+    [server]=10 [router]=10
+    [cli]=11
 )
-core_top=7
+core_top=8
 
 # The directory that implements each public header.
 declare -A owner=(
@@ -36,13 +37,14 @@ declare -A owner=(
     [tokenizer]=tokenizer
     [sampler]=sampler
     [chat_template]=chat
-    [model]=model [forward]=model [synth]=model
+    [model]=model [forward]=model [synth]=model [act_stats]=model
     [runner]=runner
     [convert]=convert
     [bench]=bench
     [engine]=engine [scheduler]=engine [kv_cache]=engine [stop]=engine
     [eval]=eval
     [cluster_auth]=cluster [kv_wire]=cluster [kv_handoff]=cluster [disagg]=cluster [kv_transport]=cluster [etcd_client]=cluster
+    [imatrix]=imatrix
 )
 
 # Known exception, kept visible: the type table's from_float column (tensor/types.c) points

@@ -242,7 +242,7 @@ static void test_batch_usage_errors(void **state)
     (void)state;
     char *log = NULL;
     assert_int_equal(run_blade("batch -i /nonexistent.jsonl", &log, 1), 2);
-    assert_non_null(strstr(log, "-o FILE"));
+    assert_non_null(strstr(log, "--output FILE is required"));
     free(log);
     assert_int_equal(run_blade("batch --help", &log, 1), 0);
     assert_non_null(strstr(log, "--max-inflight"));

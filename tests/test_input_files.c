@@ -115,7 +115,7 @@ static void test_commands_refuse_fifo(void **state)
         "eval -m {fifo} --candidate {model} -f {model}",
         "eval -m {model} --candidate {fifo} -f {model}",
         "eval -m {model} --candidate {model} -f {fifo}",
-        "bench -m {fifo} -p 8 -n 8 -b 1 -r 1",
+        "bench -m {fifo} --n-prompt 8 -n 8 -b 1 -r 1",
         "template --template {fifo} --messages {msgs}",
         "template --template {tmpl} --messages {fifo}",
         "batch -m {fifo} -i {reqs} -o {out}",

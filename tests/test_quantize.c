@@ -524,8 +524,8 @@ static void test_malformed_inputs(void **state)
     } cases[] = {
         {"'%1$s' '%2$s' --type Q3_K", 2, "unknown --type 'Q3_K'"},
         {"'%1$s' '%2$s' --type Q4_K_S", 2, "unknown --type 'Q4_K_S'"},
-        {"'%1$s' '%2$s'", 2, "--type is required"},
-        {"'%1$s' --type Q8_0", 2, "expected IN.gguf and OUT.gguf, got 1 file name"},
+        {"'%1$s' '%2$s'", 2, "--type TYPE is required"},
+        {"'%1$s' --type Q8_0", 2, "OUT.gguf is missing"},
         {"'%1$s' '%2$s' --type Q8_0 --keep output.weight", 2, "bad --keep 'output.weight': expected GLOB=TYPE"},
         {"'%1$s' '%2$s' --type Q8_0 --keep =Q8_0", 2, "bad --keep '=Q8_0': the tensor-name pattern before '=' is empty"},
         {"'%1$s' '%2$s' --type Q8_0 --keep 'output*=Q7'", 2, "bad --keep 'output*=Q7': unknown type 'Q7'"},

@@ -1,9 +1,11 @@
+/* Helpers the subcommands share (cli_util.h). */
+
 #include "cli/cli_util.h"
 
+#include "blade/kv_type.h"
+#include "blade/quantize.h"
 #include "common/file.h"
 
-#include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,29 +14,22 @@
 #include <time.h>
 #include <unistd.h>
 
-bool cli_parse_int(const char *flag, const char *s, long long min, long long max, long long *out)
+bool cli_kv_type_choice(int i, cli_choice *out)
 {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > max) {
-        fprintf(stderr, "error: %s expects an integer in [%lld, %lld], got '%s'\n", flag, min, max, s);
+    if (i < 0 || i >= BLADE_KV_TYPE_COUNT)
         return false;
-    }
-    *out = v;
+    *out = (cli_choice){blade_kv_type_name((blade_kv_type)i), i};
     return true;
 }
 
-bool cli_parse_float(const char *flag, const char *s, double min, double max, double *out)
+bool cli_parse_quant_scheme(const cli_flag *f, const char *value, void *dest, char *why, size_t cap)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v) || v < min || v > max) {
-        fprintf(stderr, "error: %s expects a number in [%g, %g], got '%s'\n", flag, min, max, s);
+    const blade_quant_scheme *s = blade_quant_scheme_find(value);
+    if (!s) {
+        snprintf(why, cap, "unknown --%s '%s' (blade writes %s)", f->name, value, blade_quant_scheme_names());
         return false;
     }
-    *out = v;
+    *(const blade_quant_scheme **)dest = s;
     return true;
 }
 

@@ -1,16 +1,16 @@
 #ifndef BLADE_CLI_UTIL_H
 #define BLADE_CLI_UTIL_H
 
-/* Helpers shared by the subcommands: strict number parsing (a typo in a flag is an
- * error, never a silent zero), file slurping and timing. */
+/* Helpers shared by the subcommands: file slurping, timing, the default model, and the
+ * values of flags several commands have (KV types, quantization schemes). */
 
 #include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-bool cli_parse_int(const char *flag, const char *s, long long min, long long max, long long *out);
-bool cli_parse_float(const char *flag, const char *s, double min, double max, double *out);
+#include "cli/flags.h"
+
 /* Whole file, NUL-terminated, malloc'd; prints an error naming the file on failure. */
 char *cli_read_file(const char *path, size_t *len);
 double cli_now(void);
@@ -33,5 +33,10 @@ void cli_interrupts_restore(const cli_signals *saved);
 /* Raises the soft limit on open files to the hard one (servers and load generators hold a
  * socket per connection); returns the limit now in force. */
 long long cli_raise_fd_limit(void);
+
+/* The KV cache types, as the choices of a --kv-type flag. */
+bool cli_kv_type_choice(int i, cli_choice *out);
+/* A CLI_CUSTOM parser: the quantization scheme (const blade_quant_scheme *) a name means. */
+bool cli_parse_quant_scheme(const cli_flag *f, const char *value, void *dest, char *why, size_t cap);
 
 #endif

@@ -1,3 +1,5 @@
+/* `blade batch`: runs an OpenAI Batch API file through the engine, offline. */
+
 #include "api/api.h"
 #include "blade/model.h"
 #include "cli/cli_util.h"
@@ -7,10 +9,10 @@
 #include "common/output_file.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <openssl/rand.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,40 +23,64 @@
 /* A line longer than this is refused without parsing, as `blade serve` refuses such a body. */
 #define MAX_LINE_BYTES (8u << 20)
 
-static void batch_usage(FILE *out)
+typedef struct batch_options {
+    const char *model_path, *in_path, *out_path, *alias, *template_file;
+    long long max_inflight;
+    cli_engine_options engine;
+} batch_options;
+
+static void batch_init(void *opts)
 {
-    fprintf(out,
-            "usage: blade batch -m MODEL -i REQUESTS.jsonl -o RESULTS.jsonl [options]\n\n"
-            "Runs an OpenAI Batch API file through the engine in the batch traffic class. Each input line is\n"
-            "  {\"custom_id\": ID, \"method\": \"POST\", \"url\": \"/v1/completions\" or \"/v1/chat/completions\",\n"
-            "   \"body\": {...}}\n"
-            "and gives one output line, in the order requests finish (match them by custom_id):\n"
-            "  {\"id\", \"custom_id\", \"response\": {\"status_code\", \"request_id\", \"body\"}, \"error\": null}\n"
-            "A body the API refuses gets its status code and OpenAI error object as the response; a line that\n"
-            "is not a request at all (invalid JSON, no custom_id, unknown url, no body, over 8 MiB) gets\n"
-            "\"response\": null and \"error\": {\"code\", \"message\"}. Neither stops the run. Requests run\n"
-            "concurrently (continuous batching across lines); a summary goes to stderr, and a progress bar\n"
-            "too when stderr is a terminal.\n\n"
-            "A file in which two lines share a custom_id is refused before anything runs (exit status 1,\n"
-            "naming the id and both lines), as OpenAI's Batch API refuses it: results are matched by custom_id.\n"
-            "The results are written to a temporary file beside FILE and renamed onto it only when the run\n"
-            "completes, so a failed or interrupted run leaves an existing FILE as it was. An output that is\n"
-            "the same file as an input (the requests, model, template or pin-prefix file, also through a\n"
-            "hard link or symlink) is refused (exit status 2). A FIFO or /dev/stdout is written in place.\n\n"
-            "  -m, --model FILE          GGUF model\n"
-            "  -i, --input FILE          requests (JSONL, a regular file)\n"
-            "  -o, --output FILE         results (JSONL), replaced when the run completes\n"
-            "      --alias NAME          model name to accept in bodies (also accepted: the file's name)\n"
-            "      --chat-template FILE  Jinja chat template (default: the model's tokenizer.chat_template)\n"
-            "      --max-inflight N      lines running at once, bounding memory (default 256)\n"
-            "  -h, --help                this help\n\n");
-    cli_engine_usage(out);
+    batch_options *o = opts;
+    o->max_inflight = 256;
+    cli_engine_options_init(&o->engine);
 }
 
-enum {
-    OPT_ALIAS = 256,
-    OPT_TEMPLATE,
-    OPT_INFLIGHT,
+#define B batch_options
+static const cli_flag batch_flags[] = {
+    {.name = "model", .letter = 'm', .kind = CLI_PATH, CLI_AT(B, model_path), .metavar = "FILE",
+     .dflt = "../shared/models/stories260K.gguf if present", .help = "GGUF model"},
+    {.name = "input", .letter = 'i', .kind = CLI_PATH, CLI_AT(B, in_path), .metavar = "FILE", .required = true,
+     .help = "requests (JSONL, a regular file)"},
+    {.name = "output", .letter = 'o', .kind = CLI_PATH, CLI_AT(B, out_path), .metavar = "FILE", .required = true,
+     .help = "results (JSONL), replaced when the run completes"},
+    {.name = "alias", .kind = CLI_STRING, CLI_AT(B, alias), .metavar = "NAME",
+     .help = "model name to accept in bodies (also accepted: the file's name)"},
+    {.name = "chat-template", .kind = CLI_PATH, CLI_AT(B, template_file), .metavar = "FILE",
+     .dflt = "the model's tokenizer.chat_template", .help = "Jinja chat template"},
+    {.name = "max-inflight", .kind = CLI_INT, CLI_AT(B, max_inflight), .min = 1, .max = 1 << 16, .metavar = "N",
+     .help = "lines running at once, bounding memory"},
+    {0},
+};
+#undef B
+
+static int batch_main(int argc, char **argv);
+
+const cli_command cli_cmd_batch = {
+    .name = "batch",
+    .summary = "run an OpenAI Batch API JSONL file through the engine",
+    .synopsis = "-m MODEL -i REQUESTS.jsonl -o RESULTS.jsonl [options]",
+    .about =
+        "Runs an OpenAI Batch API file through the engine in the batch traffic class. Each input line is\n"
+        "  {\"custom_id\": ID, \"method\": \"POST\", \"url\": \"/v1/completions\" or \"/v1/chat/completions\",\n"
+        "   \"body\": {...}}\n"
+        "and gives one output line, in the order requests finish (match them by custom_id):\n"
+        "  {\"id\", \"custom_id\", \"response\": {\"status_code\", \"request_id\", \"body\"}, \"error\": null}\n"
+        "A body the API refuses gets its status code and OpenAI error object as the response; a line that\n"
+        "is not a request at all (invalid JSON, no custom_id, unknown url, no body, over 8 MiB) gets\n"
+        "\"response\": null and \"error\": {\"code\", \"message\"}. Neither stops the run. Requests run\n"
+        "concurrently (continuous batching across lines); a summary goes to stderr, and a progress bar\n"
+        "too when stderr is a terminal.\n\n"
+        "A file in which two lines share a custom_id is refused before anything runs (exit status 1,\n"
+        "naming the id and both lines), as OpenAI's Batch API refuses it: results are matched by custom_id.\n"
+        "The results are written to a temporary file beside FILE and renamed onto it only when the run\n"
+        "completes, so a failed or interrupted run leaves an existing FILE as it was. An output that is\n"
+        "the same file as an input (the requests, model, template or pin-prefix file, also through a\n"
+        "hard link or symlink) is refused (exit status 2). A FIFO or /dev/stdout is written in place.\n",
+    .tables = (const cli_table[]){{batch_flags, 0}, {cli_engine_flags, offsetof(batch_options, engine)}, {0}},
+    .opts_size = sizeof(batch_options),
+    .init = batch_init,
+    .main = batch_main,
 };
 
 typedef struct batch_item {
@@ -388,71 +414,31 @@ static const char *left_as(const blade_output *o)
     return o->exists ? "; the output file is as it was before the run" : "; no output file was created";
 }
 
-int cmd_batch(int argc, char **argv)
+static int batch_main(int argc, char **argv)
 {
-    static const struct option own[] = {
-        {"model", required_argument, 0, 'm'},
-        {"input", required_argument, 0, 'i'},
-        {"output", required_argument, 0, 'o'},
-        {"alias", required_argument, 0, OPT_ALIAS},
-        {"chat-template", required_argument, 0, OPT_TEMPLATE},
-        {"max-inflight", required_argument, 0, OPT_INFLIGHT},
-        {"help", no_argument, 0, 'h'},
-    };
-    struct option *longopts = cli_merge_longopts(own, sizeof own / sizeof own[0]);
-    if (!longopts)
-        return 1;
-    cli_engine_options eo;
-    cli_engine_options_init(&eo);
-    const char *model_path = NULL, *in_path = NULL, *out_path = NULL, *alias = NULL, *template_file = NULL;
-    long long max_inflight = 256;
-    int c, rc = 2;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:i:o:t:c:h", longopts, NULL)) != -1) {
-        int handled = cli_engine_option(&eo, c, optarg);
-        if (handled < 0)
-            goto out;
-        if (handled)
-            continue;
-        switch (c) {
-        case 'm': model_path = optarg; break;
-        case 'i': in_path = optarg; break;
-        case 'o': out_path = optarg; break;
-        case OPT_ALIAS: alias = optarg; break;
-        case OPT_TEMPLATE: template_file = optarg; break;
-        case OPT_INFLIGHT:
-            if (!cli_parse_int("--max-inflight", optarg, 1, 1 << 16, &max_inflight))
-                goto out;
-            break;
-        case 'h': batch_usage(stdout); rc = 0; goto out;
-        default: batch_usage(stderr); goto out;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "error: unexpected argument '%s'\n", argv[optind]);
-        goto out;
-    }
-    if (!in_path || !out_path) {
-        fprintf(stderr, "error: give the requests with -i FILE and the results file with -o FILE\n");
-        goto out;
-    }
-    if (!model_path && !(model_path = cli_default_model())) {
-        fprintf(stderr, "error: no model given (-m FILE)\n");
-        goto out;
-    }
+    batch_options o;
+    int rc = cli_parse(&cli_cmd_batch, argc, argv, &o);
+    if (rc != CLI_RUN)
+        return rc;
+    cli_engine_options eo = o.engine;
+    const char *model_path = o.model_path, *in_path = o.in_path, *out_path = o.out_path, *alias = o.alias,
+               *template_file = o.template_file;
+    long long max_inflight = o.max_inflight;
+    if (!model_path && !(model_path = cli_default_model()))
+        return cli_usage_error(&cli_cmd_batch, "no model given (-m FILE)");
 
     rc = 1;
     blade_error err = {{0}};
     FILE *in = blade_fopen_regular(in_path, &err);
     if (!in) {
         fprintf(stderr, "error: %s\n", err.msg);
-        goto out;
+        return rc;
     }
     blade_output output;
     if (blade_output_prepare(&output, out_path, &err)) {
         fprintf(stderr, "error: %s\n", err.msg);
         fclose(in);
-        goto out;
+        return rc;
     }
     batch_run b = {0};
     b.sink.fd = -1;
@@ -543,7 +529,5 @@ fail:
 before_model:
     blade_output_abort(&output);
     fclose(in);
-out:
-    free(longopts);
     return rc;
 }

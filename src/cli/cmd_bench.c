@@ -1,3 +1,6 @@
+/* `blade bench`: the model runner's speed on this machine (prefill, generation against the
+ * memory-bandwidth roofline, batched decode), for one or several KV types. */
+
 #include "blade/bench.h"
 #include "blade/kernels.h"
 #include "blade/kv_store.h"
@@ -5,47 +8,12 @@
 #include "blade/runner.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static void bench_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: blade bench -m MODEL [-p 512] [-n 128] [-b 1,4,8,16] [-d 128] [-r 5] [-t N] [--kv-type T,...]\n"
-            "                   [--json]\n"
-            "       blade bench engine -m MODEL --workload W   (see blade bench engine --help)\n"
-            "       blade bench serve --url URL --workload W   measure an OpenAI-compatible endpoint\n"
-            "       blade bench ablation -m MODEL --workload W what each serving technique buys\n"
-            "       blade bench compare BASE.json NEW.json     fail on a performance regression\n"
-            "       blade bench kv-transfer                    KV cache transfer between two workers (UCX)\n\n"
-            "Measures the model runner on this machine:\n"
-            "  ppP    prompt processing: one P-token prefill in a single batch, tokens/s\n"
-            "  tgN    single-sequence generation of N tokens from an empty context, tokens/s, and the\n"
-            "         fraction of the memory-bandwidth roofline: weight bytes x tokens/s / bandwidth, with\n"
-            "         the machine's read bandwidth measured right before and after each tg run (the\n"
-            "         larger of the two)\n"
-            "  Bx     aggregate decode tokens/s of B sequences decoding together, each with a D-token\n"
-            "         context, over 32 steps (the context is prefilled once, untimed, and its blocks\n"
-            "         copied to every sequence)\n"
-            "Each figure is the mean +- standard deviation over R runs, after one warm-up run. Given\n"
-            "several KV types, every figure is measured for each, runs taking turns, with the ratio\n"
-            "of each to the first type measured in the same run.\n\n"
-            "  -m, --model FILE     GGUF model\n"
-            "  -p, --n-prompt P     prompt length for pp (default 512; 0 skips)\n"
-            "  -n, --n-gen N        tokens for tg (default 128; 0 skips)\n"
-            "  -b, --batches LIST   concurrent sequences for aggregate decode (default 1,4,8,16; 0 skips)\n"
-            "  -d, --depth D        context of each aggregate-decode sequence (default 128)\n"
-            "  -r, --repetitions R  runs per figure (default 5)\n"
-            "  -t, --threads N      threads (default: physical cores)\n"
-            "      --kv-type LIST   KV cache element types, comma-separated: f16 (default), bf16, f32,\n"
-            "                       q8_0, fp8\n"
-            "      --json           print one JSON object instead of the table\n"
-            "  -h, --help           this help\n");
-}
 
 #define MAX_KV_TYPES 8
 
@@ -226,119 +194,171 @@ static int measure(bench *b, const char *name, double (*fn)(bench *, int32_t, bl
     return 0;
 }
 
-/* "f16,q8_0" -> types; false (reported) on an unknown name or too many. */
-static bool parse_kv_types(const char *s, bench *b)
+#define MAX_BATCHES 16
+
+typedef struct bench_options {
+    const char *model_path;
+    long long n_prompt, n_gen, reps, threads, depth;
+    struct batch_sizes {
+        int32_t n[MAX_BATCHES];
+        int count;
+    } batches;
+    struct kv_types {
+        blade_kv_type t[MAX_KV_TYPES];
+        int count;
+    } kv_types;
+    bool json;
+} bench_options;
+
+static void bench_init(void *opts)
 {
-    b->n_kv = 0;
-    char *copy = strdup(s), *save = NULL;
-    bool ok = copy != NULL;
-    for (char *tok = ok ? strtok_r(copy, ",", &save) : NULL; ok && tok; tok = strtok_r(NULL, ",", &save)) {
-        int t = blade_kv_type_from_name(tok);
-        if (t < 0 || b->n_kv == MAX_KV_TYPES) {
-            fprintf(stderr, t < 0 ? "error: --kv-type expects a list of %s, got '%s'\n"
-                                  : "error: --kv-type: at most 8 types (%s), got '%s'\n",
-                    blade_kv_type_names(), tok);
-            ok = false;
-        } else {
-            b->kvs[b->n_kv++].type = (blade_kv_type)t;
-        }
-    }
-    free(copy);
-    return ok && b->n_kv > 0;
+    bench_options *o = opts;
+    o->n_prompt = 512;
+    o->n_gen = 128;
+    o->reps = 5;
+    o->depth = 128;
+    o->batches = (struct batch_sizes){{1, 4, 8, 16}, 4};
+    o->kv_types = (struct kv_types){{BLADE_KV_F16}, 1};
 }
 
-static int parse_batches(const char *s, int32_t *out, int *n)
+/* Calls item() on each comma-separated item of value; false at the first it refuses. */
+static bool each_item(const char *value, void *acc, bool (*item)(const char *text, void *acc))
 {
-    *n = 0;
-    char *copy = strdup(s), *save = NULL;
-    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        long long v;
-        if (*n >= 16 || !cli_parse_int("-b", tok, 0, 256, &v)) {
-            free(copy);
-            return -1;
-        }
-        if (v > 0)
-            out[(*n)++] = (int32_t)v;
+    const char *p = value;
+    for (;;) {
+        char text[32];
+        size_t len = strcspn(p, ",");
+        if (len >= sizeof text)
+            return false;
+        snprintf(text, sizeof text, "%.*s", (int)len, p);
+        if (!item(text, acc))
+            return false;
+        if (!p[len])
+            return true;
+        p += len + 1;
     }
-    free(copy);
-    return 0;
 }
 
-int cmd_bench(int argc, char **argv)
+static bool batch_item(const char *text, void *acc)
 {
-    if (argc > 1 && !strcmp(argv[1], "engine"))
-        return cmd_bench_engine(argc - 1, argv + 1);
-    if (argc > 1 && !strcmp(argv[1], "serve"))
-        return cmd_bench_serve(argc - 1, argv + 1);
-    if (argc > 1 && !strcmp(argv[1], "ablation"))
-        return cmd_bench_ablation(argc - 1, argv + 1);
-    if (argc > 1 && !strcmp(argv[1], "compare"))
-        return cmd_bench_compare(argc - 1, argv + 1);
-    if (argc > 1 && !strcmp(argv[1], "kv-transfer"))
-        return cmd_bench_kv_transfer(argc - 1, argv + 1);
-    static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},       {"n-prompt", required_argument, 0, 'p'},
-        {"n-gen", required_argument, 0, 'n'},       {"batches", required_argument, 0, 'b'},
-        {"depth", required_argument, 0, 'd'},       {"repetitions", required_argument, 0, 'r'},
-        {"threads", required_argument, 0, 't'},     {"kv-type", required_argument, 0, 'K'},
-        {"json", no_argument, 0, 'J'},              {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    const char *model_path = NULL;
-    long long n_prompt = 512, n_gen = 128, reps = 5, threads = 0, depth = 128;
-    int32_t batches[16] = {1, 4, 8, 16};
-    int n_batches = 4;
-    bool json = false;
+    struct batch_sizes *got = acc;
+    long long v;
+    if (!cli_int_in(text, 0, 256, &v) || (v > 0 && got->count == MAX_BATCHES))
+        return false;
+    if (v > 0)
+        got->n[got->count++] = (int32_t)v;
+    return true;
+}
+
+/* "1,4,8,16": batch sizes, 0s dropped. */
+static bool parse_batches(const cli_flag *f, const char *value, void *dest, char *why, size_t cap)
+{
+    struct batch_sizes got = {{0}, 0};
+    if (!each_item(value, &got, batch_item)) {
+        snprintf(why, cap, "--%s expects a comma-separated list of at most %d batch sizes in [0, 256], got '%s'",
+                 f->name, MAX_BATCHES, value);
+        return false;
+    }
+    *(struct batch_sizes *)dest = got;
+    return true;
+}
+
+static bool kv_type_item(const char *text, void *acc)
+{
+    struct kv_types *got = acc;
+    int t = blade_kv_type_from_name(text);
+    if (t < 0 || got->count == MAX_KV_TYPES)
+        return false;
+    got->t[got->count++] = (blade_kv_type)t;
+    return true;
+}
+
+/* "f16,q8_0": KV types measured side by side. */
+static bool parse_kv_types(const cli_flag *f, const char *value, void *dest, char *why, size_t cap)
+{
+    struct kv_types got = {{0}, 0};
+    if (!each_item(value, &got, kv_type_item)) {
+        snprintf(why, cap, "--%s expects a comma-separated list of at most %d of %s, got '%s'", f->name, MAX_KV_TYPES,
+                 blade_kv_type_names(), value);
+        return false;
+    }
+    *(struct kv_types *)dest = got;
+    return true;
+}
+
+#define O bench_options
+static const cli_flag bench_flags[] = {
+    {.name = "model", .letter = 'm', .kind = CLI_PATH, CLI_AT(O, model_path), .metavar = "FILE", .required = true,
+     .help = "GGUF model"},
+    {.name = "n-prompt", .kind = CLI_INT, CLI_AT(O, n_prompt), .min = 0, .max = 1 << 16, .metavar = "P",
+     .help = "prompt length for pp; 0 skips it"},
+    {.name = "n-predict", .letter = 'n', .kind = CLI_INT, CLI_AT(O, n_gen), .min = 0, .max = 1 << 16,
+     .metavar = "N", .help = "tokens generated for tg; 0 skips it"},
+    {.name = "batches", .letter = 'b', .kind = CLI_CUSTOM, CLI_AT(O, batches), .parse = parse_batches,
+     .metavar = "LIST", .dflt = "1,4,8,16", .help = "concurrent sequences for aggregate decode; 0 skips it"},
+    {.name = "depth", .letter = 'd', .kind = CLI_INT, CLI_AT(O, depth), .min = 1, .max = 1 << 20, .metavar = "D",
+     .help = "context of each aggregate-decode sequence"},
+    {.name = "repetitions", .letter = 'r', .kind = CLI_INT, CLI_AT(O, reps), .min = 1, .max = 64, .metavar = "R",
+     .help = "runs per figure"},
+    {.name = "threads", .letter = 't', .kind = CLI_INT, CLI_AT(O, threads), .min = 1, .max = 1024, .metavar = "N",
+     .dflt = "physical cores", .help = "threads"},
+    {.name = "kv-type", .kind = CLI_CUSTOM, CLI_AT(O, kv_types), .parse = parse_kv_types,
+     .values = blade_kv_type_names, .metavar = "LIST", .dflt = "f16",
+     .help = "KV cache element types, comma-separated, measured side by side"},
+    {.name = "json", .kind = CLI_BOOL, CLI_AT(O, json), .help = "print one JSON object instead of the table"},
+    {0},
+};
+#undef O
+
+static int bench_main(int argc, char **argv);
+
+const cli_command cli_cmd_bench = {
+    .name = "bench",
+    .summary = "measure prompt processing, generation and batched decode speed",
+    .synopsis = "-m MODEL [--n-prompt P] [-n N] [-b LIST] [-d D] [-r R] [--kv-type LIST] [options]",
+    .about = "Measures the model runner on this machine:\n"
+             "  ppP    prompt processing: one P-token prefill in a single batch, tokens/s\n"
+             "  tgN    single-sequence generation of N tokens from an empty context, tokens/s, and the\n"
+             "         fraction of the memory-bandwidth roofline: weight bytes x tokens/s / bandwidth, with\n"
+             "         the machine's read bandwidth measured right before and after each tg run (the\n"
+             "         larger of the two)\n"
+             "  Bx     aggregate decode tokens/s of B sequences decoding together, each with a D-token\n"
+             "         context, over 32 steps (the context is prefilled once, untimed, and its blocks\n"
+             "         copied to every sequence)\n"
+             "Each figure is the mean +- standard deviation over R runs, after one warm-up run. Given\n"
+             "several KV types, every figure is measured for each, runs taking turns, with the ratio\n"
+             "of each to the first type measured in the same run.\n\n"
+             "The other bench commands (each with its --help):\n"
+             "  blade bench engine -m MODEL --workload W     the engine's techniques against their baselines\n"
+             "  blade bench serve --url URL --workload W     measure an OpenAI-compatible endpoint\n"
+             "  blade bench ablation -m MODEL --workload W   what each serving technique buys\n"
+             "  blade bench compare BASE.json NEW.json       fail on a performance regression\n",
+    .tables = (const cli_table[]){{bench_flags, 0}, {0}},
+    .opts_size = sizeof(bench_options),
+    .init = bench_init,
+    .main = bench_main,
+};
+
+static int bench_main(int argc, char **argv)
+{
+    bench_options o;
+    int rc = cli_parse(&cli_cmd_bench, argc, argv, &o);
+    if (rc != CLI_RUN)
+        return rc;
+    const char *model_path = o.model_path;
+    long long n_prompt = o.n_prompt, n_gen = o.n_gen, reps = o.reps, threads = o.threads, depth = o.depth;
+    const int32_t *batches = o.batches.n;
+    int n_batches = o.batches.count;
+    bool json = o.json;
     bench b = {0};
-    b.n_kv = 1;
-    b.kvs[0].type = BLADE_KV_F16;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:p:n:b:d:r:t:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'm': model_path = optarg; break;
-        case 'p':
-            if (!cli_parse_int("-p", optarg, 0, 1 << 16, &n_prompt))
-                return 2;
-            break;
-        case 'n':
-            if (!cli_parse_int("-n", optarg, 0, 1 << 16, &n_gen))
-                return 2;
-            break;
-        case 'b':
-            if (parse_batches(optarg, batches, &n_batches))
-                return 2;
-            break;
-        case 'd':
-            if (!cli_parse_int("-d", optarg, 1, 1 << 20, &depth))
-                return 2;
-            break;
-        case 'r':
-            if (!cli_parse_int("-r", optarg, 1, 64, &reps))
-                return 2;
-            break;
-        case 't':
-            if (!cli_parse_int("-t", optarg, 1, 1024, &threads))
-                return 2;
-            break;
-        case 'K':
-            if (!parse_kv_types(optarg, &b))
-                return 2;
-            break;
-        case 'J': json = true; break;
-        case 'h': bench_usage(stdout); return 0;
-        default: bench_usage(stderr); return 2;
-        }
-    }
-    if (!model_path || optind != argc) {
-        bench_usage(stderr);
-        return 2;
-    }
+    b.n_kv = o.kv_types.count;
+    for (int k = 0; k < b.n_kv; k++)
+        b.kvs[k].type = o.kv_types.t[k];
 
     blade_error err = {{0}};
     b.rng = 42;
     b.depth = (int32_t)depth;
-    int rc = 1;
+    rc = 1;
     b.max_batch = 1;
     for (int i = 0; i < n_batches; i++)
         b.max_batch = batches[i] > b.max_batch ? batches[i] : b.max_batch;

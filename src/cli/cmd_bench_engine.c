@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -262,19 +263,21 @@ static void print_header(void)
            "---------", "----------", "----------", "-------");
 }
 
+enum { WORKLOAD_MIXED, WORKLOAD_SHARED_PREFIX, WORKLOAD_INTERFERENCE };
+
 /* A run and the workload's own reading of it: shared-prefix's TTFT leaves out the warm-up
  * request, interference's gap is the decoders'. */
-static int run_workload(const blade_model *m, const cli_engine_options *o, const workload *w, const char *wl,
+static int run_workload(const blade_model *m, const cli_engine_options *o, const workload *w, int kind,
                         run_result *out)
 {
     if (run(m, o, w, out))
         return -1;
-    if (!strcmp(wl, "shared-prefix")) {
+    if (kind == WORKLOAD_SHARED_PREFIX) {
         double ttft = 0;
         for (int i = 1; i < w->n; i++)
             ttft += w->reqs[i].t_first - w->reqs[i].t_submit;
         out->mean_ttft = ttft / (w->n - 1);
-    } else if (!strcmp(wl, "interference")) {
+    } else if (kind == WORKLOAD_INTERFERENCE) {
         double gap = 0;
         for (int i = 0; i < 8; i++)
             gap = w->reqs[i].max_gap > gap ? w->reqs[i].max_gap : gap;
@@ -285,7 +288,7 @@ static int run_workload(const blade_model *m, const cli_engine_options *o, const
 
 /* With a KV type other than f16, the default configuration once more with f16 KV in the
  * same memory: what the narrower cache buys (fewer preemptions, more sequences at once). */
-static int compare_kv_type(const blade_model *m, const cli_engine_options *o, const workload *w, const char *wl,
+static int compare_kv_type(const blade_model *m, const cli_engine_options *o, const workload *w, int kind,
                            const run_result *a)
 {
     if (o->cfg.kv_type == BLADE_KV_F16)
@@ -294,7 +297,7 @@ static int compare_kv_type(const blade_model *m, const cli_engine_options *o, co
     f16.cfg.kv_type = BLADE_KV_F16;
     fprintf(stderr, "f16 KV in the same memory...\n");
     run_result b;
-    if (run_workload(m, &f16, w, wl, &b))
+    if (run_workload(m, &f16, w, kind, &b))
         return -1;
     char note[160];
     snprintf(note, sizeof note, "throughput %s/f16 = %.2fx, mean TTFT f16/%s = %.2fx, most running %d vs %d",
@@ -304,75 +307,75 @@ static int compare_kv_type(const blade_model *m, const cli_engine_options *o, co
     return 0;
 }
 
-static void bench_engine_usage(FILE *out)
+static const cli_choice workloads[] = {
+    {"mixed", WORKLOAD_MIXED}, {"shared-prefix", WORKLOAD_SHARED_PREFIX}, {"interference", WORKLOAD_INTERFERENCE}, {0}};
+
+typedef struct bench_engine_options {
+    const char *model_path;
+    int workload;
+    long long seed;
+    cli_engine_options engine;
+} bench_engine_options;
+
+static void bench_engine_init(void *opts)
 {
-    fprintf(out,
-            "usage: blade bench engine -m MODEL --workload W [options]\n\n"
-            "Runs a seeded workload through the engine in-process, once with every technique on and once\n"
-            "with each technique's baseline mode, in the same run, and prints the ratios:\n"
-            "  mixed          32 requests, outputs 16..512 tokens (log-uniform), 32..256-token prompts:\n"
-            "                 continuous vs --scheduler static throughput; KV utilisation paged vs\n"
-            "                 --kv-alloc contiguous, and requests that fit in 1 GiB each way\n"
-            "  shared-prefix  16 requests sharing a 1024-token prefix + 32 own tokens, after one warm-up\n"
-            "                 request: mean TTFT with vs --no-prefix-cache\n"
-            "  interference   8 sequences decoding when a 2048-token prompt arrives: longest gap between\n"
-            "                 the decoders' tokens, chunked vs --no-chunked-prefill\n"
-            "With --kv-type other than f16, every workload also runs its default configuration with f16\n"
-            "KV in the same --kv-mem: throughput and preemptions of the narrower cache against f16's.\n\n"
-            "  -m, --model FILE    GGUF model\n"
-            "  -w, --workload W    mixed, shared-prefix or interference\n"
-            "      --seed N        workload seed (default 1)\n"
-            "  -h, --help          this help\n\n");
-    cli_engine_usage(out);
+    bench_engine_options *o = opts;
+    o->seed = 1;
+    cli_engine_options_init(&o->engine);
 }
 
-int cmd_bench_engine(int argc, char **argv)
+#define O bench_engine_options
+static const cli_flag bench_engine_flags[] = {
+    {.name = "model", .letter = 'm', .kind = CLI_PATH, CLI_AT(O, model_path), .metavar = "FILE", .required = true,
+     .help = "GGUF model"},
+    {.name = "workload", .letter = 'w', .kind = CLI_ENUM, CLI_AT(O, workload), .choices = workloads, .metavar = "W",
+     .required = true, .help = "the workload, described above"},
+    {.name = "seed", .kind = CLI_INT, CLI_AT(O, seed), .min = 0, .max = INT64_MAX, .metavar = "N",
+     .help = "workload seed"},
+    {0},
+};
+#undef O
+
+static int bench_engine_main(int argc, char **argv);
+
+const cli_command cli_cmd_bench_engine = {
+    .name = "bench engine",
+    .summary = "the engine's techniques in-process, each against its baseline mode",
+    .synopsis = "-m MODEL --workload W [options]",
+    .about = "Runs a seeded workload through the engine in-process, once with every technique on and once\n"
+             "with each technique's baseline mode, in the same run, and prints the ratios:\n"
+             "  mixed          32 requests, outputs 16..512 tokens (log-uniform), 32..256-token prompts:\n"
+             "                 continuous vs --scheduler static throughput; KV utilisation paged vs\n"
+             "                 --kv-alloc contiguous, and requests that fit in 1 GiB each way\n"
+             "  shared-prefix  16 requests sharing a 1024-token prefix + 32 own tokens, after one warm-up\n"
+             "                 request: mean TTFT with vs --no-prefix-cache\n"
+             "  interference   8 sequences decoding when a 2048-token prompt arrives: longest gap between\n"
+             "                 the decoders' tokens, chunked vs --no-chunked-prefill\n"
+             "With --kv-type other than f16, every workload also runs its default configuration with f16\n"
+             "KV in the same --kv-mem: throughput and preemptions of the narrower cache against f16's.\n",
+    .tables = (const cli_table[]){{bench_engine_flags, 0}, {cli_engine_flags, offsetof(bench_engine_options, engine)},
+                                  {0}},
+    .opts_size = sizeof(bench_engine_options),
+    .init = bench_engine_init,
+    .main = bench_engine_main,
+};
+
+static int bench_engine_main(int argc, char **argv)
 {
-    static const struct option own[] = {
-        {"model", required_argument, 0, 'm'},
-        {"workload", required_argument, 0, 'w'},
-        {"seed", required_argument, 0, 'S'},
-        {"help", no_argument, 0, 'h'},
-    };
-    struct option *longopts = cli_merge_longopts(own, sizeof own / sizeof own[0]);
-    if (!longopts)
-        return 1;
-    cli_engine_options o;
-    cli_engine_options_init(&o);
-    const char *model_path = NULL, *wl = NULL;
-    long long seed = 1;
-    int c, rc = 2;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:w:t:c:h", longopts, NULL)) != -1) {
-        int handled = cli_engine_option(&o, c, optarg);
-        if (handled < 0)
-            goto out;
-        if (handled)
-            continue;
-        switch (c) {
-        case 'm': model_path = optarg; break;
-        case 'w': wl = optarg; break;
-        case 'S':
-            if (!cli_parse_int("--seed", optarg, 0, INT64_MAX, &seed))
-                goto out;
-            break;
-        case 'h': bench_engine_usage(stdout); rc = 0; goto out;
-        default: bench_engine_usage(stderr); goto out;
-        }
-    }
-    if (!model_path || !wl || optind != argc) {
-        bench_engine_usage(stderr);
-        goto out;
-    }
+    bench_engine_options opts;
+    int rc = cli_parse(&cli_cmd_bench_engine, argc, argv, &opts);
+    if (rc != CLI_RUN)
+        return rc;
+    cli_engine_options o = opts.engine;
+    const char *model_path = opts.model_path;
     blade_error err = {{0}};
     blade_model *m = blade_model_load(model_path, &err);
     if (!m) {
         fprintf(stderr, "error: %s\n", err.msg);
-        rc = 1;
-        goto out;
+        return 1;
     }
     cli_engine_finalize(&o, m);
-    rng_state = (uint64_t)seed * 2654435761u + 1;
+    rng_state = (uint64_t)opts.seed * 2654435761u + 1;
     rc = 1;
     workload w = {0};
     run_result a, b, c2;
@@ -382,13 +385,14 @@ int cmd_bench_engine(int argc, char **argv)
            model_path, o.cfg.n_threads, (double)o.cfg.kv_mem_bytes / 1073741824.0, blade_kv_type_name(o.cfg.kv_type),
            (long long)cli_kv_tokens(&m->hp, o.cfg.kv_type, o.cfg.block_size, o.cfg.kv_mem_bytes),
            o.cfg.sched.max_batch_tokens, o.cfg.sched.max_seqs);
-    if (!strcmp(wl, "mixed")) {
+    switch (opts.workload) {
+    case WORKLOAD_MIXED: {
         mixed_workload(m, &w);
         cli_engine_options st = o, ct = o;
         st.cfg.sched.mode = BLADE_SCHED_STATIC;
         ct.cfg.sched.contiguous_kv = true;
         fprintf(stderr, "continuous batching, paged KV...\n");
-        if (run_workload(m, &o, &w, wl, &a))
+        if (run_workload(m, &o, &w, opts.workload, &a))
             goto done;
         fprintf(stderr, "static batching...\n");
         if (run(m, &st, &w, &b))
@@ -404,7 +408,7 @@ int cmd_bench_engine(int argc, char **argv)
         print_row("--scheduler static", &b, note);
         snprintf(note, sizeof note, "KV utilisation %.1f%%", 100 * c2.stats.kv_utilisation);
         print_row("--kv-alloc contiguous", &c2, note);
-        if (compare_kv_type(m, &o, &w, wl, &a))
+        if (compare_kv_type(m, &o, &w, opts.workload, &a))
             goto done;
         /* requests of this mix that fit in 1 GiB: what each allocator holds per request */
         double paged_tokens = 0, contiguous_tokens = 0;
@@ -418,7 +422,9 @@ int cmd_bench_engine(int argc, char **argv)
         printf("\nrequests of this mix that fit in 1 GiB of KV: paged %.0f, contiguous %.0f (%.2fx)\n",
                gib / (kv_bytes_token * paged_tokens / w.n), gib / (kv_bytes_token * contiguous_tokens / w.n),
                contiguous_tokens / paged_tokens);
-    } else if (!strcmp(wl, "shared-prefix")) {
+        break;
+    }
+    case WORKLOAD_SHARED_PREFIX: {
         shared_prefix_workload(m, &w, 1024);
         cli_engine_options nc = o;
         nc.cfg.prefix_caching = false;
@@ -426,7 +432,7 @@ int cmd_bench_engine(int argc, char **argv)
         run_result *res[2] = {&a, &b};
         for (int k = 0; k < 2; k++) {
             fprintf(stderr, "%s...\n", k ? "--no-prefix-cache" : "prefix caching on");
-            if (run_workload(m, cfgs[k], &w, wl, res[k]))
+            if (run_workload(m, cfgs[k], &w, opts.workload, res[k]))
                 goto done;
         }
         print_header();
@@ -435,9 +441,11 @@ int cmd_bench_engine(int argc, char **argv)
         print_row("prefix caching (default)", &a, note);
         snprintf(note, sizeof note, "mean TTFT ratio = %.1fx", b.mean_ttft / a.mean_ttft);
         print_row("--no-prefix-cache", &b, note);
-        if (compare_kv_type(m, &o, &w, wl, &a))
+        if (compare_kv_type(m, &o, &w, opts.workload, &a))
             goto done;
-    } else if (!strcmp(wl, "interference")) {
+        break;
+    }
+    case WORKLOAD_INTERFERENCE: {
         int32_t long_prompt = o.cfg.max_context - 1 < 2048 ? o.cfg.max_context - 1 : 2048;
         interference_workload(m, &w, long_prompt);
         cli_engine_options nc = o;
@@ -446,7 +454,7 @@ int cmd_bench_engine(int argc, char **argv)
         run_result *res[2] = {&a, &b};
         for (int k = 0; k < 2; k++) {
             fprintf(stderr, "%s...\n", k ? "--no-chunked-prefill" : "chunked prefill on");
-            if (run_workload(m, cfgs[k], &w, wl, res[k]))
+            if (run_workload(m, cfgs[k], &w, opts.workload, res[k]))
                 goto done;
         }
         print_header();
@@ -455,18 +463,14 @@ int cmd_bench_engine(int argc, char **argv)
         print_row("chunked prefill (default)", &a, note);
         snprintf(note, sizeof note, "longest-gap ratio = %.1fx", b.max_gap / a.max_gap);
         print_row("--no-chunked-prefill", &b, note);
-        if (compare_kv_type(m, &o, &w, wl, &a))
+        if (compare_kv_type(m, &o, &w, opts.workload, &a))
             goto done;
-    } else {
-        fprintf(stderr, "error: unknown workload '%s' (mixed, shared-prefix, interference)\n", wl);
-        rc = 2;
-        goto done;
+        break;
+    }
     }
     rc = 0;
 done:
     free_workload(&w);
     blade_model_free(m);
-out:
-    free(longopts);
     return rc;
 }

@@ -9,7 +9,6 @@
 #include "cli/commands.h"
 #include "cluster/netns.h"
 
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,36 +18,14 @@
 
 #define PORT_BASE 24000
 
-static void usage(FILE *out)
-{
-    fprintf(out,
-            "usage: blade bench kv-transfer [--tokens 1024] [-r 10] [--shape 22,4,64] [--block-size 16]\n"
-            "                              [--kv-type f16] [--net netns|loopback] [--copy] [--no-key]\n\n"
-            "Moves one request's KV blocks (all layers, K and V) from a sender's paged store to a receiver's,\n"
-            "R times after one warm-up, and prints per transfer (mean +- sd, and the best):\n"
-            "  encode   building the frame: header, tables, HMAC-SHA256 over every byte\n"
-            "  wire     from the first byte sent to the receiver holding the whole frame, plus its ack\n"
-            "  decode   the receiver's checks, HMAC verification and copy into its free blocks\n"
-            "  total    encode + wire + decode, also as ms per 1000 tokens, and the wire's GB/s\n"
-            "The default shape is TinyLlama-1.1B's KV (22 layers x 4 KV heads x 64 dims, f16: 22.5 KiB a token).\n\n"
-            "      --tokens N       tokens of the request (default 1024)\n"
-            "  -r, --repetitions R  transfers measured (default 10)\n"
-            "      --shape L,H,D    layers, KV heads, head dim (default 22,4,64)\n"
-            "      --block-size B   tokens per KV block (default 16)\n"
-            "      --kv-type T      f16 (default), bf16, f32\n"
-            "      --net MODE       netns: two network namespaces over a veth bridge, UCX over TCP (default when\n"
-            "                       root); loopback: both ends on 127.0.0.1 in this namespace\n"
-            "      --copy           copy each frame into one buffer before sending (what sending from the\n"
-            "                       blocks in place saves)\n"
-            "      --no-key         no cluster key: SHA-256 checksums instead of HMACs (loopback only)\n"
-            "  -h, --help           this help\n");
-}
-
 typedef struct params {
     long long tokens, reps, layers, heads, dim, block_size;
     int kv_type;
     bool copy;
     const char *key_file;
+    /* the command line only */
+    const char *shape, *net, *role, *peer;
+    bool no_key;
 } params;
 
 static blade_kv_store *make_store(const params *p, int32_t n_blocks, bool fill)
@@ -395,64 +372,72 @@ out:
     return rc;
 }
 
-int cmd_bench_kv_transfer(int argc, char **argv)
+static void kv_transfer_init(void *opts)
 {
-    static const struct option longopts[] = {
-        {"tokens", required_argument, 0, 'T'}, {"repetitions", required_argument, 0, 'r'},
-        {"shape", required_argument, 0, 'S'},  {"block-size", required_argument, 0, 'B'},
-        {"kv-type", required_argument, 0, 'K'}, {"net", required_argument, 0, 'N'},
-        {"copy", no_argument, 0, 'C'},         {"no-key", no_argument, 0, 'U'},
-        {"role", required_argument, 0, 'R'},   {"peer", required_argument, 0, 'P'},
-        {"key-file", required_argument, 0, 'k'}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    params p = {.tokens = 1024, .reps = 10, .layers = 22, .heads = 4, .dim = 64, .block_size = 16,
-                .kv_type = BLADE_KV_F16};
-    const char *role = NULL, *peer = NULL, *net = NULL;
-    bool keyed = true;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "r:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'T':
-            if (!cli_parse_int("--tokens", optarg, 1, BLADE_KV_WIRE_MAX_TOKENS, &p.tokens))
-                return 2;
-            break;
-        case 'r':
-            if (!cli_parse_int("-r", optarg, 1, 10000, &p.reps))
-                return 2;
-            break;
-        case 'S':
-            if (sscanf(optarg, "%lld,%lld,%lld", &p.layers, &p.heads, &p.dim) != 3 || p.layers < 1 || p.heads < 1 ||
-                p.dim < 1 || p.layers > 1024 || p.heads > 1024 || p.dim > 4096) {
-                fprintf(stderr, "error: --shape expects LAYERS,KV_HEADS,HEAD_DIM, got '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case 'B':
-            if (!cli_parse_int("--block-size", optarg, 1, 4096, &p.block_size))
-                return 2;
-            break;
-        case 'K':
-            if ((p.kv_type = blade_kv_type_from_name(optarg)) < 0) {
-                fprintf(stderr, "error: --kv-type expects f16, bf16 or f32, got '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case 'N': net = optarg; break;
-        case 'C': p.copy = true; break;
-        case 'U': keyed = false; break;
-        case 'R': role = optarg; break;
-        case 'P': peer = optarg; break;
-        case 'k': p.key_file = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (optind != argc) {
-        usage(stderr);
-        return 2;
-    }
+    params *p = opts;
+    *p = (params){.tokens = 1024, .reps = 10, .block_size = 16, .kv_type = BLADE_KV_F16, .shape = "22,4,64"};
+}
+
+static const cli_choice kv_transfer_types[] = {{"f16", BLADE_KV_F16}, {"bf16", BLADE_KV_BF16}, {"f32", BLADE_KV_F32},
+                                               {NULL, 0}};
+
+#define P params
+static const cli_flag kv_transfer_flags[] = {
+    {.name = "tokens", .kind = CLI_INT, CLI_AT(P, tokens), .min = 1, .max = BLADE_KV_WIRE_MAX_TOKENS, .metavar = "N",
+     .help = "tokens of the request"},
+    {.name = "repetitions", .letter = 'r', .kind = CLI_INT, CLI_AT(P, reps), .min = 1, .max = 10000, .metavar = "R",
+     .help = "transfers measured"},
+    {.name = "shape", .kind = CLI_STRING, CLI_AT(P, shape), .metavar = "L,H,D", .help = "layers, KV heads, head dim"},
+    {.name = "block-size", .kind = CLI_INT, CLI_AT(P, block_size), .min = 1, .max = 4096, .metavar = "B",
+     .help = "tokens per KV block"},
+    {.name = "kv-type", .kind = CLI_ENUM, CLI_AT(P, kv_type), .choices = kv_transfer_types, .metavar = "T",
+     .help = "KV element type"},
+    {.name = "net", .kind = CLI_STRING, CLI_AT(P, net), .metavar = "MODE", .dflt = "netns when root",
+     .help = "netns: two network namespaces over a veth bridge, UCX over TCP; loopback: both ends on 127.0.0.1 in "
+             "this namespace"},
+    {.name = "copy", .kind = CLI_BOOL, CLI_AT(P, copy),
+     .help = "copy each frame into one buffer before sending (what sending from the blocks in place saves)"},
+    {.name = "no-key", .kind = CLI_BOOL, CLI_AT(P, no_key),
+     .help = "no cluster key: SHA-256 checksums instead of HMACs (loopback only)"},
+    CLI_SECTION("internal (the two ends the command starts)"),
+    {.name = "role", .kind = CLI_STRING, CLI_AT(P, role), .metavar = "END", .help = "receiver or sender"},
+    {.name = "peer", .kind = CLI_STRING, CLI_AT(P, peer), .metavar = "HOST:PORT", .help = "the other end"},
+    {.name = "key-file", .kind = CLI_PATH, CLI_AT(P, key_file), .metavar = "FILE", .help = "the cluster key"},
+    {0},
+};
+#undef P
+
+static int kv_transfer_main(int argc, char **argv);
+
+const cli_command cli_cmd_bench_kv_transfer = {
+    .name = "bench kv-transfer",
+    .summary = "KV cache transfer between two workers (UCX)",
+    .synopsis = "[--tokens N] [-r R] [--shape L,H,D] [--net netns|loopback] [options]",
+    .about = "Moves one request's KV blocks (all layers, K and V) from a sender's paged store to a receiver's,\n"
+             "R times after one warm-up, and prints per transfer (mean +- sd, and the best):\n"
+             "  encode   building the frame: header, tables, HMAC-SHA256 over every byte\n"
+             "  wire     from the first byte sent to the receiver holding the whole frame, plus its ack\n"
+             "  decode   the receiver's checks, HMAC verification and copy into its free blocks\n"
+             "  total    encode + wire + decode, also as ms per 1000 tokens, and the wire's GB/s\n"
+             "The default shape is TinyLlama-1.1B's KV (22 layers x 4 KV heads x 64 dims, f16: 22.5 KiB a token).\n",
+    .tables = (const cli_table[]){{kv_transfer_flags, 0}, {0}},
+    .opts_size = sizeof(params),
+    .init = kv_transfer_init,
+    .main = kv_transfer_main,
+};
+
+static int kv_transfer_main(int argc, char **argv)
+{
+    params p;
+    int prc = cli_parse(&cli_cmd_bench_kv_transfer, argc, argv, &p);
+    if (prc != CLI_RUN)
+        return prc;
+    if (sscanf(p.shape, "%lld,%lld,%lld", &p.layers, &p.heads, &p.dim) != 3 || p.layers < 1 || p.heads < 1 ||
+        p.dim < 1 || p.layers > 1024 || p.heads > 1024 || p.dim > 4096)
+        return cli_usage_error(&cli_cmd_bench_kv_transfer, "--shape expects LAYERS,KV_HEADS,HEAD_DIM, got '%s'",
+                               p.shape);
+    const char *role = p.role, *peer = p.peer, *net = p.net;
+    bool keyed = !p.no_key;
     if (role) {
         char host[64];
         unsigned port;
@@ -477,8 +462,7 @@ int cmd_bench_kv_transfer(int argc, char **argv)
     } else if (!strcmp(net, "loopback")) {
         netns = false;
     } else {
-        fprintf(stderr, "error: --net expects netns or loopback, got '%s'\n", net);
-        return 2;
+        return cli_usage_error(&cli_cmd_bench_kv_transfer, "--net expects netns or loopback, got '%s'", net);
     }
     if (!keyed && netns) {
         fprintf(stderr, "error: --no-key works over loopback only: a listener on another address needs a cluster key\n");

@@ -1,50 +1,56 @@
+/* `blade convert`: imports a llama2.c checkpoint into a GGUF file. */
+
 #include "blade/convert.h"
 #include "cli/commands.h"
 
-#include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <unistd.h>
 
-static void convert_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: blade convert CHECKPOINT.bin --tokenizer TOKENIZER.bin -o OUT.gguf [--name NAME]\n\n"
-            "Imports a llama2.c checkpoint and its tokenizer into a standard `llama` GGUF file\n"
-            "(F32 weights, embedded SentencePiece-style vocabulary).\n\n"
-            "  -t, --tokenizer FILE  llama2.c tokenizer.bin (e.g. tok512.bin)\n"
-            "  -o, --output FILE     GGUF file to write\n"
-            "      --name NAME       general.name to record (default: llama2.c)\n"
-            "  -h, --help            this help\n");
-}
+typedef struct convert_options {
+    const char *checkpoint, *tokenizer, *output, *name;
+} convert_options;
 
-int cmd_convert(int argc, char **argv)
+#define O convert_options
+static const cli_flag convert_flags[] = {
+    {.name = "tokenizer", .kind = CLI_PATH, CLI_AT(O, tokenizer), .metavar = "FILE", .required = true,
+     .help = "llama2.c tokenizer.bin (e.g. tok512.bin)"},
+    {.name = "output", .letter = 'o', .kind = CLI_PATH, CLI_AT(O, output), .metavar = "FILE", .required = true,
+     .help = "GGUF file to write"},
+    {.name = "name", .kind = CLI_STRING, CLI_AT(O, name), .metavar = "NAME", .dflt = "llama2.c",
+     .help = "general.name to record"},
+    {0},
+};
+#undef O
+
+static int convert_main(int argc, char **argv);
+
+const cli_command cli_cmd_convert = {
+    .name = "convert",
+    .summary = "import a llama2.c checkpoint into a GGUF file",
+    .synopsis = "CHECKPOINT.bin --tokenizer TOKENIZER.bin -o OUT.gguf [--name NAME]",
+    .about = "Imports a llama2.c checkpoint and its tokenizer into a standard `llama` GGUF file\n"
+             "(F32 weights, embedded SentencePiece-style vocabulary).\n",
+    .tables = (const cli_table[]){{convert_flags, 0}, {0}},
+    .positionals = (const cli_positional[]){
+        {.metavar = "CHECKPOINT.bin", CLI_ARG_AT(convert_options, checkpoint),
+         .help = "llama2.c checkpoint (e.g. stories260K.bin)"},
+        {0}},
+    .opts_size = sizeof(convert_options),
+    .main = convert_main,
+};
+
+static int convert_main(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        {"tokenizer", required_argument, 0, 't'}, {"output", required_argument, 0, 'o'},
-        {"name", required_argument, 0, 'N'},      {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    const char *tok = NULL, *out = NULL, *name = NULL;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "t:o:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 't': tok = optarg; break;
-        case 'o': out = optarg; break;
-        case 'N': name = optarg; break;
-        case 'h': convert_usage(stdout); return 0;
-        default: convert_usage(stderr); return 2;
-        }
-    }
-    if (optind != argc - 1 || !tok || !out) {
-        convert_usage(stderr);
-        return 2;
-    }
+    convert_options o;
+    int rc = cli_parse(&cli_cmd_convert, argc, argv, &o);
+    if (rc != CLI_RUN)
+        return rc;
     blade_error err = {{0}};
-    if (blade_convert_llama2c(argv[optind], tok, out, name, isatty(STDERR_FILENO), &err)) {
+    if (blade_convert_llama2c(o.checkpoint, o.tokenizer, o.output, o.name, isatty(STDERR_FILENO), &err)) {
         fprintf(stderr, "error: %s\n", err.msg);
         return 1;
     }
-    fprintf(stderr, "wrote %s\n", out);
+    fprintf(stderr, "wrote %s\n", o.output);
     return 0;
 }

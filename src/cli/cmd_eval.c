@@ -8,76 +8,67 @@
 #include "cli/eval_options.h"
 #include "cli/eval_report.h"
 
-#include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
-static void eval_usage(FILE *out)
+typedef struct eval_options {
+    cli_eval_args shared;
+    const char *cand_path, *gate_expr;
+    bool json;
+} eval_options;
+
+static void eval_init(void *opts)
 {
-    fprintf(out,
-            "usage: blade eval -m BASE.gguf --candidate CAND.gguf -f TEXT [-c CTX] [--chunks N]\n"
-            "                  [--kv-type T] [--json] [--gate EXPR]\n\n"
-            "What a change to a model costs in quality: a quantized file, or a KV cache type, against the\n"
-            "base it came from. Both models score the text's chunks by the llama.cpp perplexity method\n"
-            "(see `blade perplexity --help`) and every scored position is compared: perplexity of both,\n"
-            "the change in perplexity (ΔPPL, with the standard error of the per-token NLL difference\n"
-            "carried to the ratio), the KL divergence of the candidate's next-token distribution from the\n"
-            "base's (mean, median, p90, p99, max), how often the most likely token agrees (top-1), and\n"
-            "the same per chunk. The candidate may be the base file itself (to judge a KV type alone).\n\n"
-            "  -m, --model FILE       the base GGUF (default: ../shared/models/stories260K.gguf if present)\n"
-            "      --candidate FILE   the GGUF to judge; it must have the base's vocabulary\n"
-            "  -f, --file FILE        text to score\n"
-            "  -c, --ctx-size N       chunk length in tokens (default 512)\n"
-            "      --chunks N         score at most N chunks (default: all)\n"
-            "      --kv-type T        the candidate's KV cache type: f16 (default), bf16, f32; the base's is f16\n"
-            "      --batch-tokens N   tokens per forward call (default 512; a longer chunk is split)\n"
-            "  -t, --threads N        compute threads (default: physical cores)\n"
-            "      --json             the results as JSON on stdout instead of tables\n"
-            "      --gate EXPR        conditions the candidate must meet, e.g. \"kld<=0.02,ppl<=+1.5%%,top1>=0.95\"\n"
-            "                         (measures kld, kld_median, kld_p90, kld_p99, kld_max, ppl, top1);\n"
-            "                         exit status 3 and the failing conditions on stderr when one fails\n"
-            "  -h, --help             this help\n");
+    eval_options *o = opts;
+    cli_eval_args_init(&o->shared);
 }
 
-enum { OPT_CANDIDATE = CLI_EVAL_OPT_END, OPT_JSON, OPT_GATE };
+#define O eval_options
+static const cli_flag eval_flags[] = {
+    {.name = "candidate", .kind = CLI_PATH, CLI_AT(O, cand_path), .metavar = "FILE", .required = true,
+     .help = "the GGUF to judge; it must have the base's vocabulary"},
+    {.name = "json", .kind = CLI_BOOL, CLI_AT(O, json), .help = "the results as JSON on stdout instead of tables"},
+    {.name = "gate", .kind = CLI_STRING, CLI_AT(O, gate_expr), .metavar = "EXPR",
+     .help = "conditions the candidate must meet, e.g. \"kld<=0.02,ppl<=+1.5%,top1>=0.95\" (measures kld, "
+             "kld_median, kld_p90, kld_p99, kld_max, ppl, top1); exit status 3 and the failing conditions on "
+             "stderr when one fails"},
+    {0},
+};
+#undef O
 
-int cmd_eval(int argc, char **argv)
+static int eval_main(int argc, char **argv);
+
+const cli_command cli_cmd_eval = {
+    .name = "eval",
+    .summary = "what a quantization or KV type costs in quality: PPL, KL divergence, top-1",
+    .synopsis = "-m BASE.gguf --candidate CAND.gguf -f TEXT [options]",
+    .about = "What a change to a model costs in quality: a quantized file, or a KV cache type, against the\n"
+             "base it came from. Both models score the text's chunks by the llama.cpp perplexity method\n"
+             "(see `blade perplexity --help`) and every scored position is compared: perplexity of both,\n"
+             "the change in perplexity (ΔPPL, with the standard error of the per-token NLL difference\n"
+             "carried to the ratio), the KL divergence of the candidate's next-token distribution from the\n"
+             "base's (mean, median, p90, p99, max), how often the most likely token agrees (top-1), and\n"
+             "the same per chunk. The candidate may be the base file itself (to judge a KV type alone).\n",
+    .tables = (const cli_table[]){{cli_eval_flags, offsetof(eval_options, shared)}, {eval_flags, 0}, {0}},
+    .opts_size = sizeof(eval_options),
+    .init = eval_init,
+    .main = eval_main,
+};
+
+static int eval_main(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        CLI_EVAL_LONGOPTS,
-        {"candidate", required_argument, 0, OPT_CANDIDATE},
-        {"json", no_argument, 0, OPT_JSON},
-        {"gate", required_argument, 0, OPT_GATE},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    cli_eval_args a;
-    cli_eval_args_init(&a);
-    const char *cand_path = NULL, *gate_expr = NULL;
-    bool json = false;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, CLI_EVAL_SHORTOPTS, longopts, NULL)) != -1) {
-        int handled = cli_eval_option(&a, c, optarg);
-        if (handled < 0)
-            return 2;
-        if (handled)
-            continue;
-        switch (c) {
-        case OPT_CANDIDATE: cand_path = optarg; break;
-        case OPT_JSON: json = true; break;
-        case OPT_GATE: gate_expr = optarg; break;
-        case 'h': eval_usage(stdout); return 0;
-        default: eval_usage(stderr); return 2;
-        }
-    }
-    const char *base_path = a.model_path, *text_path = a.text_path;
-    blade_eval_config cfg = a.cfg;
-    if (!base_path || !cand_path || !text_path || optind < argc) {
-        eval_usage(stderr);
-        return 2;
-    }
+    eval_options o;
+    int parsed = cli_parse(&cli_cmd_eval, argc, argv, &o);
+    if (parsed != CLI_RUN)
+        return parsed;
+    const char *base_path = o.shared.model_path, *text_path = o.shared.text_path, *cand_path = o.cand_path,
+               *gate_expr = o.gate_expr;
+    bool json = o.json;
+    blade_eval_config cfg = o.shared.cfg;
+    if (!base_path)
+        return cli_usage_error(&cli_cmd_eval, "no base model given (-m FILE)");
     blade_gate gate;
     blade_error err = {{0}};
     if (gate_expr && blade_gate_parse(gate_expr, &gate, &err)) {

@@ -5,31 +5,11 @@
 #include "blade/model.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
-
-static void imatrix_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: blade imatrix -m MODEL.gguf -f CALIBRATION.txt [-o IMATRIX.gguf] [options]\n\n"
-            "Runs the text through the model and records, for every weight matrix, the mean square of\n"
-            "each input column's activations: the importance `blade quantize --imatrix` weights\n"
-            "rounding errors by. The text is tokenized once with BOS first and cut into chunks of CTX\n"
-            "tokens (the remainder dropped), each run from an empty context with its first token\n"
-            "replaced by BOS, as blade perplexity does; the perplexity of the text is reported too.\n"
-            "The output is written beside its final name and renamed once complete.\n\n"
-            "  -m, --model FILE     GGUF model, best the full-precision one you will quantize\n"
-            "                       (default: ../shared/models/stories260K.gguf if present)\n"
-            "  -f, --file FILE      calibration text\n"
-            "  -o, --output FILE    importance matrix to write (default: imatrix.gguf)\n"
-            "  -c, --ctx-size N     chunk length in tokens (default 512)\n"
-            "      --chunks N       run at most N chunks (default: all)\n"
-            "  -t, --threads N      threads (default: every core)\n"
-            "  -h, --help           this help\n");
-}
 
 static void print_summary(const char *model, const char *out, const blade_imatrix *im, const blade_imatrix_report *r)
 {
@@ -44,52 +24,69 @@ static void print_summary(const char *model, const char *out, const blade_imatri
            r->seconds > 0 ? (double)tokens / r->seconds : 0.0);
 }
 
-int cmd_imatrix(int argc, char **argv)
+typedef struct imatrix_options {
+    const char *model, *text, *out;
+    long long ctx, chunks, threads;
+} imatrix_options;
+
+static void imatrix_init(void *opts)
 {
-    static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},    {"file", required_argument, 0, 'f'},
-        {"output", required_argument, 0, 'o'},   {"ctx-size", required_argument, 0, 'c'},
-        {"chunks", required_argument, 0, 'k'},   {"threads", required_argument, 0, 't'},
-        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
-    };
-    const char *model_path = cli_default_model(), *text_path = NULL, *out_path = "imatrix.gguf";
-    long long ctx = 512, chunks = 0, threads = 0;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:f:o:c:t:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'm': model_path = optarg; break;
-        case 'f': text_path = optarg; break;
-        case 'o': out_path = optarg; break;
-        case 'c':
-            if (!cli_parse_int("-c", optarg, 4, 1 << 20, &ctx))
-                return 2;
-            break;
-        case 'k':
-            if (!cli_parse_int("--chunks", optarg, 1, 1 << 30, &chunks))
-                return 2;
-            break;
-        case 't':
-            if (!cli_parse_int("--threads", optarg, 1, 1024, &threads))
-                return 2;
-            break;
-        case 'h': imatrix_usage(stdout); return 0;
-        default: imatrix_usage(stderr); return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "error: unexpected argument '%s'\n", argv[optind]);
-        imatrix_usage(stderr);
-        return 2;
-    }
-    if (!model_path || !text_path) {
-        fprintf(stderr, "error: %s is required\n", !model_path ? "-m MODEL" : "-f CALIBRATION");
-        imatrix_usage(stderr);
-        return 2;
-    }
+    imatrix_options *o = opts;
+    o->model = cli_default_model();
+    o->out = "imatrix.gguf";
+    o->ctx = 512;
+}
+
+#define O imatrix_options
+static const cli_flag imatrix_flags[] = {
+    {.name = "model", .letter = 'm', .kind = CLI_PATH, CLI_AT(O, model), .metavar = "FILE",
+     .dflt = "../shared/models/stories260K.gguf if present",
+     .help = "GGUF model, best the full-precision one you will quantize"},
+    {.name = "file", .letter = 'f', .kind = CLI_PATH, CLI_AT(O, text), .metavar = "FILE", .required = true,
+     .help = "calibration text"},
+    {.name = "output", .letter = 'o', .kind = CLI_PATH, CLI_AT(O, out), .metavar = "FILE",
+     .help = "importance matrix to write"},
+    {.name = "ctx-size", .letter = 'c', .kind = CLI_INT, CLI_AT(O, ctx), .min = 4, .max = 1 << 20, .metavar = "N",
+     .help = "chunk length in tokens"},
+    {.name = "chunks", .kind = CLI_INT, CLI_AT(O, chunks), .min = 1, .max = 1 << 30, .metavar = "N", .dflt = "all",
+     .help = "run at most N chunks"},
+    {.name = "threads", .letter = 't', .kind = CLI_INT, CLI_AT(O, threads), .min = 1, .max = 1024, .metavar = "N",
+     .dflt = "every core", .help = "threads"},
+    {0},
+};
+#undef O
+
+static int imatrix_main(int argc, char **argv);
+
+const cli_command cli_cmd_imatrix = {
+    .name = "imatrix",
+    .summary = "record activation importance from calibration text, for quantize --imatrix",
+    .synopsis = "-m MODEL.gguf -f CALIBRATION.txt [-o IMATRIX.gguf] [options]",
+    .about = "Runs the text through the model and records, for every weight matrix, the mean square of\n"
+             "each input column's activations: the importance `blade quantize --imatrix` weights\n"
+             "rounding errors by. The text is tokenized once with BOS first and cut into chunks of CTX\n"
+             "tokens (the remainder dropped), each run from an empty context with its first token\n"
+             "replaced by BOS, as blade perplexity does; the perplexity of the text is reported too.\n"
+             "The output is written beside its final name and renamed once complete.\n",
+    .tables = (const cli_table[]){{imatrix_flags, 0}, {0}},
+    .opts_size = sizeof(imatrix_options),
+    .init = imatrix_init,
+    .main = imatrix_main,
+};
+
+static int imatrix_main(int argc, char **argv)
+{
+    imatrix_options o;
+    int parsed = cli_parse(&cli_cmd_imatrix, argc, argv, &o);
+    if (parsed != CLI_RUN)
+        return parsed;
+    const char *model_path = o.model, *text_path = o.text, *out_path = o.out;
+    long long ctx = o.ctx, chunks = o.chunks, threads = o.threads;
+    if (!model_path)
+        return cli_usage_error(&cli_cmd_imatrix, "no model given (-m FILE)");
     if (cli_same_file(model_path, out_path) || cli_same_file(text_path, out_path)) {
-        fprintf(stderr, "error: %s is an input file: writing over it is refused (name another output)\n", out_path);
-        return 2;
+        return cli_usage_error(&cli_cmd_imatrix, "%s is an input file: writing over it is refused (name another output)",
+                               out_path);
     }
     size_t text_len;
     char *text = cli_read_file(text_path, &text_len);

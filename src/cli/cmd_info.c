@@ -1,3 +1,5 @@
+/* `blade info`: what a GGUF model holds and what its KV cache costs. */
+
 #include "blade/gguf.h"
 #include "blade/model.h"
 #include "blade/types.h"
@@ -5,22 +7,9 @@
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 
-#include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-static void info_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: blade info [-m] MODEL [--tensors]\n\n"
-            "Prints architecture, shapes, tensor types, parameter count, weight bytes and the KV cache\n"
-            "arithmetic (bytes per token = 2 x layers x KV heads x head dim x bytes per element, with\n"
-            "totals at 4K and 32K context for 1, 8 and 64 concurrent sequences, and what 1 GiB holds\n"
-            "for every --kv-type).\n\n"
-            "  -m, --model FILE   GGUF model (may also be given as the only argument)\n"
-            "      --tensors      also list every tensor with its type and shape\n"
-            "  -h, --help         this help\n");
-}
 
 static void human_bytes(char *buf, size_t cap, double b)
 {
@@ -76,34 +65,50 @@ static void print_kv_type_capacity(const blade_hparams *hp)
     }
 }
 
-int cmd_info(int argc, char **argv)
+typedef struct info_options {
+    const char *model, *model_arg;
+    bool list_tensors;
+} info_options;
+
+static const cli_flag info_flags[] = {
+    {.name = "model", .letter = 'm', .kind = CLI_PATH, CLI_AT(info_options, model), .metavar = "FILE",
+     .dflt = "../shared/models/stories260K.gguf if present",
+     .help = "GGUF model (may also be given as the argument)"},
+    {.name = "tensors", .kind = CLI_BOOL, CLI_AT(info_options, list_tensors),
+     .help = "also list every tensor with its type and shape"},
+    {0},
+};
+
+static int info_main(int argc, char **argv);
+
+const cli_command cli_cmd_info = {
+    .name = "info",
+    .summary = "describe a model: shapes, tensor types, parameters, KV cache arithmetic",
+    .synopsis = "[-m] MODEL [--tensors]",
+    .about = "Prints architecture, shapes, tensor types, parameter count, weight bytes and the KV cache\n"
+             "arithmetic (bytes per token = 2 x layers x KV heads x head dim x bytes per element, with\n"
+             "totals at 4K and 32K context for 1, 8 and 64 concurrent sequences, and what 1 GiB holds\n"
+             "for every --kv-type).\n",
+    .tables = (const cli_table[]){{info_flags, 0}, {0}},
+    .positionals = (const cli_positional[]){
+        {.metavar = "MODEL", CLI_ARG_AT(info_options, model_arg), .optional = true, .help = "GGUF model, as -m"},
+        {0}},
+    .opts_size = sizeof(info_options),
+    .main = info_main,
+};
+
+static int info_main(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},
-        {"tensors", no_argument, 0, 'T'},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    const char *path = NULL;
-    bool list_tensors = false;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'm': path = optarg; break;
-        case 'T': list_tensors = true; break;
-        case 'h': info_usage(stdout); return 0;
-        default: info_usage(stderr); return 2;
-        }
-    }
-    if (!path && optind == argc - 1)
-        path = argv[optind++];
+    info_options o;
+    int rc = cli_parse(&cli_cmd_info, argc, argv, &o);
+    if (rc != CLI_RUN)
+        return rc;
+    if (o.model && o.model_arg)
+        return cli_usage_error(&cli_cmd_info, "the model is given twice: -m %s and %s", o.model, o.model_arg);
+    const char *path = o.model ? o.model : o.model_arg ? o.model_arg : cli_default_model();
+    bool list_tensors = o.list_tensors;
     if (!path)
-        path = cli_default_model();
-    if (!path || optind != argc) {
-        info_usage(stderr);
-        return 2;
-    }
+        return cli_usage_error(&cli_cmd_info, "no model given");
     blade_error err = {{0}};
     blade_model *m = blade_model_load(path, &err);
     if (!m) {

@@ -8,49 +8,39 @@
 #include "cli/eval_options.h"
 #include "cli/eval_report.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <unistd.h>
 
-static void perplexity_usage(FILE *out)
+static void perplexity_init(void *opts)
 {
-    fprintf(out,
-            "usage: blade perplexity -m MODEL -f TEXT [-c CTX] [--chunks N] [--kv-type T] [-t N]\n\n"
-            "Perplexity by the llama.cpp method: the whole text is tokenized once with BOS first and cut\n"
-            "into non-overlapping chunks of CTX tokens (the remainder dropped). Each chunk is evaluated\n"
-            "from an empty context with its first token replaced by BOS, and the predictions at positions\n"
-            "CTX/2 .. CTX-2 are scored against the token that follows each. The chunks run through the\n"
-            "batched model runner that run and serve use, several to a forward call.\n\n"
-            "  -m, --model FILE       GGUF model (default: ../shared/models/stories260K.gguf if present)\n"
-            "  -f, --file FILE        text to score\n"
-            "  -c, --ctx-size N       chunk length in tokens (default 512)\n"
-            "      --chunks N         score at most N chunks (default: all)\n"
-            "      --kv-type T        KV cache element type: f16 (default), bf16, f32\n"
-            "      --batch-tokens N   tokens per forward call (default 512; a longer chunk is split)\n"
-            "  -t, --threads N        compute threads (default: physical cores)\n"
-            "  -h, --help             this help\n");
+    cli_eval_args_init(opts);
 }
 
-int cmd_perplexity(int argc, char **argv)
+static int perplexity_main(int argc, char **argv);
+
+const cli_command cli_cmd_perplexity = {
+    .name = "perplexity",
+    .summary = "measure perplexity on a text file (llama.cpp method)",
+    .synopsis = "-m MODEL -f TEXT [-c CTX] [--chunks N] [--kv-type T] [-t N]",
+    .about = "Perplexity by the llama.cpp method: the whole text is tokenized once with BOS first and cut\n"
+             "into non-overlapping chunks of CTX tokens (the remainder dropped). Each chunk is evaluated\n"
+             "from an empty context with its first token replaced by BOS, and the predictions at positions\n"
+             "CTX/2 .. CTX-2 are scored against the token that follows each. The chunks run through the\n"
+             "batched model runner that run and serve use, several to a forward call.\n",
+    .tables = (const cli_table[]){{cli_eval_flags, 0}, {0}},
+    .opts_size = sizeof(cli_eval_args),
+    .init = perplexity_init,
+    .main = perplexity_main,
+};
+
+static int perplexity_main(int argc, char **argv)
 {
-    static const struct option longopts[] = {CLI_EVAL_LONGOPTS, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     cli_eval_args a;
-    cli_eval_args_init(&a);
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, CLI_EVAL_SHORTOPTS, longopts, NULL)) != -1) {
-        int handled = cli_eval_option(&a, c, optarg);
-        if (handled < 0)
-            return 2;
-        if (handled)
-            continue;
-        perplexity_usage(c == 'h' ? stdout : stderr);
-        return c == 'h' ? 0 : 2;
-    }
-    if (!a.model_path || !a.text_path || optind < argc) {
-        perplexity_usage(stderr);
-        return 2;
-    }
+    int parsed = cli_parse(&cli_cmd_perplexity, argc, argv, &a);
+    if (parsed != CLI_RUN)
+        return parsed;
+    if (!a.model_path)
+        return cli_usage_error(&cli_cmd_perplexity, "no model given (-m FILE)");
     blade_model *m = cli_eval_load_model(a.model_path);
     if (!m)
         return 1;

@@ -6,39 +6,13 @@
 #include "blade/quantize.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 
-#include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#define MAX_KEEPS 64
-
-static void quantize_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: blade quantize IN.gguf OUT.gguf --type TYPE [options]\n\n"
-            "Converts the weight matrices of a GGUF model (F32, F16 or BF16; an already quantized\n"
-            "model is converted too, with a warning) to TYPE. Norms and other 1-D tensors become\n"
-            "F32; a matrix whose rows are not whole blocks of its type falls back to the nearest\n"
-            "type that fits, and the summary names it. Every metadata key is carried over. OUT is\n"
-            "written beside its final name and renamed once complete: an interrupted run leaves\n"
-            "no partial OUT.\n\n"
-            "  --type TYPE        %s\n"
-            "                     (_M mixes: the classifier, and attn_v / ffn_down in the first and\n"
-            "                     last eighth of the layers and every third layer between, in Q6_K)\n"
-            "  --keep GLOB=TYPE   matrices whose name matches the shell pattern GLOB get TYPE\n"
-            "                     (repeatable; the first match wins), e.g. 'output.weight=Q8_0'\n"
-            "  -t, --threads N    threads (default: every core)\n"
-            "  --no-refine        the reference scale search alone: K-quant bytes as llama.cpp's\n"
-            "                     quantizer writes them, faster, with higher error\n"
-            "  --imatrix FILE     weight each column's rounding error by its importance, from\n"
-            "                     `blade imatrix` run on this model (refused for another model;\n"
-            "                     matrices it lacks keep the default weighting, with a warning)\n"
-            "  -h, --help         this help\n",
-            blade_quant_scheme_names());
-}
 
 static void print_mib(FILE *out, uint64_t bytes)
 {
@@ -199,65 +173,77 @@ static blade_imatrix *load_imatrix(const char *path, const char *model_path, bla
     return imx;
 }
 
-int cmd_quantize(int argc, char **argv)
+typedef struct quantize_options {
+    const char *in, *out, *imatrix;
+    const blade_quant_scheme *scheme;
+    cli_list keeps;
+    long long threads;
+    bool no_refine;
+} quantize_options;
+
+#define O quantize_options
+static const cli_flag quantize_flags[] = {
+    {.name = "type", .kind = CLI_CUSTOM, CLI_AT(O, scheme), .parse = cli_parse_quant_scheme,
+     .values = blade_quant_scheme_names, .metavar = "TYPE", .required = true,
+     .help = "the type to write"},
+    {.name = "keep", .kind = CLI_LIST, CLI_AT(O, keeps), .metavar = "GLOB=TYPE",
+     .help = "matrices whose name matches the shell pattern GLOB get TYPE (repeatable; the first match wins), "
+             "e.g. 'output.weight=Q8_0'"},
+    {.name = "threads", .letter = 't', .kind = CLI_INT, CLI_AT(O, threads), .min = 1, .max = 1024, .metavar = "N",
+     .dflt = "every core", .help = "threads"},
+    {.name = "no-refine", .kind = CLI_BOOL, CLI_AT(O, no_refine),
+     .help = "the reference scale search alone: K-quant bytes as llama.cpp's quantizer writes them, faster, with "
+             "higher error"},
+    {.name = "imatrix", .kind = CLI_PATH, CLI_AT(O, imatrix), .metavar = "FILE",
+     .help = "weight each column's rounding error by its importance, from `blade imatrix` run on this model "
+             "(refused for another model; matrices it lacks keep the default weighting, with a warning)"},
+    {0},
+};
+#undef O
+
+static int quantize_main(int argc, char **argv);
+
+const cli_command cli_cmd_quantize = {
+    .name = "quantize",
+    .summary = "convert a GGUF model's weights to Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, ...",
+    .synopsis = "IN.gguf OUT.gguf --type TYPE [options]",
+    .about = "Converts the weight matrices of a GGUF model (F32, F16 or BF16; an already quantized\n"
+             "model is converted too, with a warning) to TYPE. Norms and other 1-D tensors become\n"
+             "F32; a matrix whose rows are not whole blocks of its type falls back to the nearest\n"
+             "type that fits, and the summary names it. Every metadata key is carried over. OUT is\n"
+             "written beside its final name and renamed once complete: an interrupted run leaves\n"
+             "no partial OUT.\n\n"
+             "The _M mixes write the classifier, and attn_v / ffn_down in the first and last eighth of\n"
+             "the layers and every third layer between, in Q6_K.\n",
+    .tables = (const cli_table[]){{quantize_flags, 0}, {0}},
+    .positionals = (const cli_positional[]){
+        {.metavar = "IN.gguf", CLI_ARG_AT(quantize_options, in), .help = "the model to convert"},
+        {.metavar = "OUT.gguf", CLI_ARG_AT(quantize_options, out), .help = "the file to write"},
+        {0}},
+    .opts_size = sizeof(quantize_options),
+    .main = quantize_main,
+};
+
+static int quantize_main(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        {"type", required_argument, 0, 'T'},    {"keep", required_argument, 0, 'k'},
-        {"threads", required_argument, 0, 't'}, {"no-refine", no_argument, 0, 'R'},
-        {"imatrix", required_argument, 0, 'I'}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    blade_quant_keep keeps[MAX_KEEPS];
+    quantize_options o;
+    int rc = cli_parse(&cli_cmd_quantize, argc, argv, &o);
+    if (rc != CLI_RUN)
+        return rc;
+    blade_quant_keep keeps[CLI_LIST_MAX];
     size_t n_keeps = 0;
-    const char *type = NULL, *imatrix_path = NULL;
     blade_imatrix *imx = NULL;
-    long long threads = 0;
-    bool no_refine = false;
-    int rc = 2, c;
     blade_error err = {{0}};
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "t:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'T': type = optarg; break;
-        case 'k':
-            if (n_keeps == MAX_KEEPS) {
-                fprintf(stderr, "error: more than %d --keep options\n", MAX_KEEPS);
-                goto done;
-            }
-            if (blade_quant_keep_parse(optarg, &keeps[n_keeps], &err) != 0) {
-                fprintf(stderr, "error: %s\n", err.msg);
-                goto done;
-            }
-            n_keeps++;
-            break;
-        case 't':
-            if (!cli_parse_int("--threads", optarg, 1, 1024, &threads))
-                goto done;
-            break;
-        case 'R': no_refine = true; break;
-        case 'I': imatrix_path = optarg; break;
-        case 'h':
-            quantize_usage(stdout);
-            rc = 0;
+    rc = 2;
+    for (int k = 0; k < o.keeps.n; k++, n_keeps++)
+        if (blade_quant_keep_parse(o.keeps.items[k], &keeps[n_keeps], &err) != 0) {
+            fprintf(stderr, "error: %s\n", err.msg);
             goto done;
-        default: quantize_usage(stderr); goto done;
         }
-    }
-    if (argc - optind != 2 || !type) {
-        if (argc - optind != 2)
-            fprintf(stderr, "error: expected IN.gguf and OUT.gguf, got %d file name%s\n", argc - optind,
-                    argc - optind == 1 ? "" : "s");
-        else
-            fprintf(stderr, "error: --type is required\n");
-        quantize_usage(stderr);
-        goto done;
-    }
-    const blade_quant_scheme *scheme = blade_quant_scheme_find(type);
-    if (!scheme) {
-        fprintf(stderr, "error: unknown --type '%s' (blade quantize writes %s)\n", type, blade_quant_scheme_names());
-        goto done;
-    }
-    const char *in = argv[optind], *out = argv[optind + 1];
+    const blade_quant_scheme *scheme = o.scheme;
+    const char *in = o.in, *out = o.out, *imatrix_path = o.imatrix;
+    long long threads = o.threads;
+    bool no_refine = o.no_refine;
     blade_quantize_params params = {
         .scheme = scheme, .keep = keeps, .n_keep = n_keeps, .n_threads = (int)threads, .no_refine = no_refine,
         .progress = isatty(STDERR_FILENO), .cancel = &cli_interrupted,

@@ -1,3 +1,5 @@
+/* `blade run`: generates text from a prompt through the engine, streaming it. */
+
 #include "blade/engine.h"
 #include "blade/model.h"
 #include "blade/sampler.h"
@@ -6,52 +8,12 @@
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 
-#include <getopt.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static void run_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: blade run -m MODEL (-p PROMPT | -f FILE) [options]\n\n"
-            "Generates text from a prompt and streams it as it is produced; timing goes to stderr.\n\n"
-            "  -m, --model FILE         GGUF model (default: ../shared/models/stories260K.gguf if present)\n"
-            "  -p, --prompt TEXT        prompt text\n"
-            "  -f, --file FILE          read the prompt from FILE\n"
-            "  -n, --n-predict N        tokens to generate (default 128)\n"
-            "      --temp T             temperature; 0 = greedy (default 0.8)\n"
-            "      --top-k K            keep the K most likely tokens; 0 = off (default 40)\n"
-            "      --top-p P            nucleus sampling; 1 = off (default 0.95)\n"
-            "      --min-p P            drop tokens below P x the top probability; 0 = off (default 0.05)\n"
-            "      --repeat-penalty R   penalise recent tokens; 1 = off (default 1)\n"
-            "      --repeat-last-n N    window of the repeat penalty, -1 = all (default 64)\n"
-            "      --presence-penalty X OpenAI presence penalty (default 0)\n"
-            "      --frequency-penalty X OpenAI frequency penalty (default 0)\n"
-            "      --seed S             random seed for reproducible sampling (default: from the clock)\n"
-            "      --ignore-eos         keep generating past end-of-generation tokens\n"
-            "      --parse-special      treat special-token text in the prompt (e.g. <|im_start|>) as tokens\n"
-            "      --no-bos             do not start the prompt with BOS\n"
-            "  -h, --help               this help\n\n");
-    cli_engine_usage(out);
-}
-
-enum {
-    OPT_TEMP = 256,
-    OPT_TOP_K,
-    OPT_TOP_P,
-    OPT_MIN_P,
-    OPT_REPEAT_PENALTY,
-    OPT_REPEAT_LAST_N,
-    OPT_PRESENCE,
-    OPT_FREQUENCY,
-    OPT_SEED,
-    OPT_IGNORE_EOS,
-    OPT_PARSE_SPECIAL,
-    OPT_NO_BOS,
-};
 
 typedef struct run_options {
     const char *model;
@@ -65,126 +27,66 @@ typedef struct run_options {
     blade_sampling_params sampling;
 } run_options;
 
-static int parse_with(int argc, char **argv, run_options *o, const struct option *longopts);
-
-static int parse_run_options(int argc, char **argv, run_options *o)
+static void run_init(void *opts)
 {
-    static const struct option own[] = {
-        {"model", required_argument, 0, 'm'},
-        {"prompt", required_argument, 0, 'p'},
-        {"file", required_argument, 0, 'f'},
-        {"n-predict", required_argument, 0, 'n'},
-        {"temp", required_argument, 0, OPT_TEMP},
-        {"top-k", required_argument, 0, OPT_TOP_K},
-        {"top-p", required_argument, 0, OPT_TOP_P},
-        {"min-p", required_argument, 0, OPT_MIN_P},
-        {"repeat-penalty", required_argument, 0, OPT_REPEAT_PENALTY},
-        {"repeat-last-n", required_argument, 0, OPT_REPEAT_LAST_N},
-        {"presence-penalty", required_argument, 0, OPT_PRESENCE},
-        {"frequency-penalty", required_argument, 0, OPT_FREQUENCY},
-        {"seed", required_argument, 0, OPT_SEED},
-        {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
-        {"parse-special", no_argument, 0, OPT_PARSE_SPECIAL},
-        {"no-bos", no_argument, 0, OPT_NO_BOS},
-        {"help", no_argument, 0, 'h'},
-    };
-    struct option *longopts = cli_merge_longopts(own, sizeof own / sizeof own[0]);
-    int rc = parse_with(argc, argv, o, longopts);
-    free(longopts);
-    return rc;
-}
-
-static int parse_with(int argc, char **argv, run_options *o, const struct option *longopts)
-{
-    cli_engine_options_init(&o->engine);
-    blade_sampling_params_default(&o->sampling);
+    run_options *o = opts;
     o->model = cli_default_model();
     o->n_predict = 128;
+    blade_sampling_params_default(&o->sampling);
     o->sampling.seed = (uint64_t)time(NULL);
-    double x;
-    long long n;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:p:f:n:c:t:h", longopts, NULL)) != -1) {
-        int handled = cli_engine_option(&o->engine, c, optarg);
-        if (handled < 0)
-            return 2;
-        if (handled)
-            continue;
-        switch (c) {
-        case 'm': o->model = optarg; break;
-        case 'p': o->prompt = optarg; break;
-        case 'f': o->prompt_file = optarg; break;
-        case 'n':
-            if (!cli_parse_int("-n", optarg, 0, 1 << 24, &o->n_predict))
-                return 2;
-            break;
-        case OPT_TEMP:
-            if (!cli_parse_float("--temp", optarg, 0, 100, &x))
-                return 2;
-            o->sampling.temperature = (float)x;
-            break;
-        case OPT_TOP_K:
-            if (!cli_parse_int("--top-k", optarg, 0, 1 << 30, &n))
-                return 2;
-            o->sampling.top_k = (int32_t)n;
-            break;
-        case OPT_TOP_P:
-            if (!cli_parse_float("--top-p", optarg, 0, 1, &x))
-                return 2;
-            o->sampling.top_p = (float)x;
-            break;
-        case OPT_MIN_P:
-            if (!cli_parse_float("--min-p", optarg, 0, 1, &x))
-                return 2;
-            o->sampling.min_p = (float)x;
-            break;
-        case OPT_REPEAT_PENALTY:
-            if (!cli_parse_float("--repeat-penalty", optarg, 0.01, 100, &x))
-                return 2;
-            o->sampling.repeat_penalty = (float)x;
-            break;
-        case OPT_REPEAT_LAST_N:
-            if (!cli_parse_int("--repeat-last-n", optarg, -1, 1 << 24, &n))
-                return 2;
-            o->sampling.repeat_last_n = (int32_t)n;
-            break;
-        case OPT_PRESENCE:
-            if (!cli_parse_float("--presence-penalty", optarg, -2, 2, &x))
-                return 2;
-            o->sampling.presence_penalty = (float)x;
-            break;
-        case OPT_FREQUENCY:
-            if (!cli_parse_float("--frequency-penalty", optarg, -2, 2, &x))
-                return 2;
-            o->sampling.frequency_penalty = (float)x;
-            break;
-        case OPT_SEED:
-            if (!cli_parse_int("--seed", optarg, 0, INT64_MAX, &n))
-                return 2;
-            o->sampling.seed = (uint64_t)n;
-            break;
-        case OPT_IGNORE_EOS: o->ignore_eos = true; break;
-        case OPT_PARSE_SPECIAL: o->parse_special = true; break;
-        case OPT_NO_BOS: o->no_bos = true; break;
-        case 'h': run_usage(stdout); return 0;
-        default: run_usage(stderr); return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "error: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
-    if (!o->model) {
-        fprintf(stderr, "error: no model given (-m FILE) and ../shared/models/stories260K.gguf is absent\n");
-        return 2;
-    }
-    if (!o->prompt == !o->prompt_file) {
-        fprintf(stderr, "error: give exactly one of -p PROMPT or -f FILE\n");
-        return 2;
-    }
-    return -1;
+    cli_engine_options_init(&o->engine);
 }
+
+#define R run_options
+static const cli_flag run_flags[] = {
+    {.name = "model", .letter = 'm', .kind = CLI_PATH, CLI_AT(R, model), .metavar = "FILE",
+     .dflt = "../shared/models/stories260K.gguf if present", .help = "GGUF model"},
+    {.name = "prompt", .letter = 'p', .kind = CLI_STRING, CLI_AT(R, prompt), .empty_ok = true, .metavar = "TEXT",
+     .help = "prompt text"},
+    {.name = "file", .letter = 'f', .kind = CLI_PATH, CLI_AT(R, prompt_file), .metavar = "FILE",
+     .help = "read the prompt from FILE"},
+    {.name = "n-predict", .letter = 'n', .kind = CLI_INT, CLI_AT(R, n_predict), .min = 0, .max = 1 << 24,
+     .metavar = "N", .help = "tokens to generate"},
+    {.name = "ignore-eos", .kind = CLI_BOOL, CLI_AT(R, ignore_eos),
+     .help = "keep generating past end-of-generation tokens"},
+    {.name = "parse-special", .kind = CLI_BOOL, CLI_AT(R, parse_special),
+     .help = "treat special-token text in the prompt (e.g. <|im_start|>) as tokens"},
+    {.name = "no-bos", .kind = CLI_BOOL, CLI_AT(R, no_bos), .help = "do not start the prompt with BOS"},
+    CLI_SECTION("sampling"),
+    {.name = "temp", .kind = CLI_DOUBLE, CLI_AT(R, sampling.temperature), .min = 0, .max = 100, .metavar = "T",
+     .help = "temperature; 0 = greedy"},
+    {.name = "top-k", .kind = CLI_INT, CLI_AT(R, sampling.top_k), .min = 0, .max = 1 << 30, .metavar = "K",
+     .help = "keep the K most likely tokens; 0 = off"},
+    {.name = "top-p", .kind = CLI_DOUBLE, CLI_AT(R, sampling.top_p), .min = 0, .max = 1, .metavar = "P",
+     .help = "nucleus sampling; 1 = off"},
+    {.name = "min-p", .kind = CLI_DOUBLE, CLI_AT(R, sampling.min_p), .min = 0, .max = 1, .metavar = "P",
+     .help = "drop tokens below P x the top probability; 0 = off"},
+    {.name = "repeat-penalty", .kind = CLI_DOUBLE, CLI_AT(R, sampling.repeat_penalty), .min = 0.01, .max = 100,
+     .metavar = "R", .help = "penalise recent tokens; 1 = off"},
+    {.name = "repeat-last-n", .kind = CLI_INT, CLI_AT(R, sampling.repeat_last_n), .min = -1, .max = 1 << 24,
+     .metavar = "N", .help = "window of the repeat penalty; -1 = all"},
+    {.name = "presence-penalty", .kind = CLI_DOUBLE, CLI_AT(R, sampling.presence_penalty), .min = -2, .max = 2,
+     .metavar = "X", .help = "OpenAI presence penalty"},
+    {.name = "frequency-penalty", .kind = CLI_DOUBLE, CLI_AT(R, sampling.frequency_penalty), .min = -2, .max = 2,
+     .metavar = "X", .help = "OpenAI frequency penalty"},
+    {.name = "seed", .kind = CLI_INT, CLI_AT(R, sampling.seed), .min = 0, .max = INT64_MAX, .metavar = "S",
+     .dflt = "from the clock", .help = "random seed for reproducible sampling"},
+    {0},
+};
+#undef R
+
+static int run_main(int argc, char **argv);
+
+const cli_command cli_cmd_run = {
+    .name = "run",
+    .summary = "generate text from a prompt, streaming it as it is produced",
+    .synopsis = "-m MODEL (-p PROMPT | -f FILE) [options]",
+    .about = "Generates text from a prompt and streams it as it is produced; timing goes to stderr.\n",
+    .tables = (const cli_table[]){{run_flags, 0}, {cli_engine_flags, offsetof(run_options, engine)}, {0}},
+    .opts_size = sizeof(run_options),
+    .init = run_init,
+    .main = run_main,
+};
 
 /* Streams each released piece of text the moment the engine hands it over. */
 typedef struct run_state {
@@ -221,12 +123,17 @@ static void on_token(const blade_token_event *ev)
     pthread_mutex_unlock(&s->mu);
 }
 
-int cmd_run(int argc, char **argv)
+static int run_main(int argc, char **argv)
 {
-    run_options o = {0};
-    int rc = parse_run_options(argc, argv, &o);
-    if (rc >= 0)
+    run_options o;
+    int rc = cli_parse(&cli_cmd_run, argc, argv, &o);
+    if (rc != CLI_RUN)
         return rc;
+    if (!o.model)
+        return cli_usage_error(&cli_cmd_run,
+                               "no model given (-m FILE) and ../shared/models/stories260K.gguf is absent");
+    if (!o.prompt == !o.prompt_file)
+        return cli_usage_error(&cli_cmd_run, "give exactly one of -p PROMPT or -f FILE");
 
     char *file_prompt = NULL;
     size_t prompt_len;

@@ -1,3 +1,5 @@
+/* `blade serve`: the OpenAI-compatible HTTP server around one engine. */
+
 #include "api/api.h"
 #include "blade/model.h"
 #include "cli/cli_util.h"
@@ -6,239 +8,130 @@
 #include "cli/serve_role.h"
 #include "server/server.h"
 
-#include <ctype.h>
-#include <errno.h>
-#include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void serve_usage(FILE *out)
+typedef struct serve_options {
+    const char *model_path, *alias, *template_file;
+    server_config sc;
+    cli_engine_options engine;
+    serve_role_options role;
+} serve_options;
+
+static void serve_init(void *opts)
+{
+    serve_options *o = opts;
+    o->sc = (server_config){.host = "127.0.0.1", .port = 8080, .max_body = 8u << 20, .max_queue = 256,
+                            .timeout = 600, .drain_timeout = 30, .max_connections = 1024, .idle_timeout = 15,
+                            .max_connections_per_ip = 256, .header_timeout = 10, .body_timeout = 60};
+    cli_engine_options_init(&o->engine);
+    serve_role_init(&o->role);
+}
+
+#define S serve_options
+static const cli_flag serve_flags[] = {
+    {.name = "model", .letter = 'm', .kind = CLI_PATH, CLI_AT(S, model_path), .metavar = "FILE",
+     .dflt = "../shared/models/stories260K.gguf if present", .help = "GGUF model"},
+    {.name = "host", .kind = CLI_STRING, CLI_AT(S, sc.host), .metavar = "ADDR",
+     .help = "address to listen on; 127.0.0.1 is this machine only"},
+    {.name = "port", .kind = CLI_INT, CLI_AT(S, sc.port), .min = 0, .max = 65535, .metavar = "N",
+     .help = "TCP port; 0 picks a free one"},
+    {.name = "api-key", .kind = CLI_STRING, CLI_AT(S, sc.api_key), .metavar = "KEY",
+     .dflt = "the BLADE_API_KEY environment variable, else no key",
+     .help = "require 'Authorization: Bearer KEY' on /v1/* (/health and /metrics stay open)"},
+    {.name = "alias", .kind = CLI_STRING, CLI_AT(S, alias), .metavar = "NAME",
+     .help = "model id to report and accept (also accepted: the file's name)"},
+    {.name = "chat-template", .kind = CLI_PATH, CLI_AT(S, template_file), .metavar = "FILE",
+     .dflt = "the model's tokenizer.chat_template", .help = "Jinja chat template"},
+    CLI_SECTION("limits"),
+    {.name = "max-body", .kind = CLI_SIZE, CLI_AT(S, sc.max_body), .min = 1, .max = 1 << 30, .metavar = "SIZE",
+     .help = "largest request body, bytes with a K/M suffix"},
+    {.name = "max-queue", .kind = CLI_INT, CLI_AT(S, sc.max_queue), .min = 1, .max = 1 << 20, .metavar = "N",
+     .help = "requests waiting to start before 429"},
+    {.name = "timeout", .kind = CLI_DOUBLE, CLI_AT(S, sc.timeout), .min = 0, .max = 1e7, .metavar = "SECONDS",
+     .help = "longest a request may take in all; 0 = no limit"},
+    {.name = "drain-timeout", .kind = CLI_DOUBLE, CLI_AT(S, sc.drain_timeout), .min = 0, .max = 1e7,
+     .metavar = "SECONDS", .help = "time in-flight requests get on shutdown"},
+    CLI_SECTION("connections"),
+    {.name = "max-connections", .kind = CLI_INT, CLI_AT(S, sc.max_connections), .min = 1, .max = 65536,
+     .metavar = "N",
+     .help = "open connections, idle keep-alive ones included; one thread each. As many more may be sending "
+             "their first request head, without a thread; when those are full, the oldest of the address "
+             "holding the most is closed for a newcomer. 16 more are kept for GET /health and /metrics"},
+    {.name = "max-connections-per-ip", .kind = CLI_INT, CLI_AT(S, sc.max_connections_per_ip), .min = 0,
+     .max = 65536, .metavar = "N",
+     .help = "connections one client address (IPv6: one /64) may hold open, and as many still sending their "
+             "head (a new one replaces its oldest); past it, 503. 0 = no cap. Loopback clients are exempt "
+             "unless --limit-loopback"},
+    {.name = "limit-loopback", .kind = CLI_BOOL, CLI_AT(S, sc.limit_loopback),
+     .help = "apply --max-connections-per-ip to loopback clients too (by default they are exempt: with the "
+             "default --host every client is loopback, and so is a reverse proxy on this machine)"},
+    {.name = "idle-timeout", .kind = CLI_INT, CLI_AT(S, sc.idle_timeout), .min = 1, .max = 86400,
+     .metavar = "SECONDS",
+     .help = "close a keep-alive connection after this long without traffic; an upload that stalls this long "
+             "gets 408; while its request generates, only --timeout applies"},
+    {.name = "header-timeout", .kind = CLI_DOUBLE, CLI_AT(S, sc.header_timeout), .min = 0.05, .max = 86400,
+     .metavar = "SECONDS",
+     .help = "a request head must be complete this long after the connection opens (for a later request on a "
+             "keep-alive connection: after the previous answer plus --idle-timeout); bytes that trickle in do "
+             "not extend it; else 408"},
+    {.name = "body-timeout", .kind = CLI_DOUBLE, CLI_AT(S, sc.body_timeout), .min = 0.05, .max = 86400,
+     .metavar = "SECONDS", .help = "a request body must be complete this long after its head, else 408"},
+    {0},
+};
+#undef S
+
+static void serve_epilogue(FILE *out)
 {
     fprintf(out,
-            "usage: blade serve -m MODEL [options]\n\n"
-            "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions (both with\n"
-            "\"stream\": true for Server-Sent Events), GET /v1/models, GET /health (503 while loading or\n"
-            "draining) and GET /metrics (Prometheus). SIGTERM or SIGINT drains: new requests get 503,\n"
-            "in-flight ones finish (up to --drain-timeout), then the server exits with status 0.\n\n"
-            "  -m, --model FILE         GGUF model\n"
-            "      --host ADDR          address to listen on (default 127.0.0.1: this machine only)\n"
-            "      --port N             TCP port; 0 picks a free one (default 8080)\n"
-            "      --api-key KEY        require 'Authorization: Bearer KEY' on /v1/* (/health and\n"
-            "                           /metrics stay open; default: the BLADE_API_KEY environment\n"
-            "                           variable, else no key)\n"
-            "      --alias NAME         model id to report and accept (also accepted: the file's name)\n"
-            "      --chat-template FILE Jinja chat template (default: the model's tokenizer.chat_template)\n"
-            "      --max-body SIZE      largest request body, bytes with K/M suffix (default 8M)\n"
-            "      --max-queue N        requests waiting to start before 429 (default 256)\n"
-            "      --timeout SECONDS    longest a request may take in all, 0 = no limit (default 600)\n"
-            "      --drain-timeout SECONDS  time in-flight requests get on shutdown (default 30)\n"
-            "      --max-connections N  open connections, idle keep-alive ones included; one thread\n"
-            "                           each (default 1024). As many more may be sending their first\n"
-            "                           request head, without a thread; when those are full, the\n"
-            "                           oldest of the address holding the most is closed for a\n"
-            "                           newcomer. 16 more are kept for GET /health and /metrics\n"
-            "      --max-connections-per-ip N  connections one client address (IPv6: one /64) may\n"
-            "                           hold open, and as many still sending their head (a new one\n"
-            "                           replaces its oldest); past it, 503. 0 = no cap (default 256;\n"
-            "                           loopback clients are exempt unless --limit-loopback)\n"
-            "      --limit-loopback     apply --max-connections-per-ip to loopback clients too (by\n"
-            "                           default they are exempt: with the default --host every client\n"
-            "                           is loopback, and so is a reverse proxy on this machine)\n"
-            "      --idle-timeout SECONDS  close a keep-alive connection after this long without\n"
-            "                           traffic; an upload that stalls this long gets 408; while its\n"
-            "                           request generates, only --timeout applies (default 15)\n"
-            "      --header-timeout SECONDS  a request head must be complete this long after the\n"
-            "                           connection opens (for a later request on a keep-alive\n"
-            "                           connection: after the previous answer plus --idle-timeout);\n"
-            "                           bytes that trickle in do not extend it; else 408 (default 10)\n"
-            "      --body-timeout SECONDS  a request body must be complete this long after its head,\n"
-            "                           else 408 (default 60)\n"
-            "  -h, --help               this help\n\n"
             "request limits: n <= %d; stop: at most %d strings of 1..%d bytes; completions logprobs 0..%d,\n"
             "chat top_logprobs 0..%d; at most %d prompts and %d choices per request; prompt + max_tokens\n"
             "within the context. Extensions: top_k, min_p, repetition_penalty, ignore_eos, priority\n"
-            "(\"interactive\" or \"batch\"), cache_salt.\n\n",
+            "(\"interactive\" or \"batch\"), cache_salt.\n",
             API_MAX_N, API_MAX_STOP, API_MAX_STOP_BYTES, API_MAX_LOGPROBS, API_MAX_TOP_LOGPROBS, API_MAX_PROMPTS,
             API_MAX_CHOICES);
-    serve_role_usage(out);
-    cli_engine_usage(out);
 }
 
-enum {
-    OPT_HOST = 256,
-    OPT_PORT,
-    OPT_API_KEY,
-    OPT_ALIAS,
-    OPT_TEMPLATE,
-    OPT_MAX_BODY,
-    OPT_MAX_QUEUE,
-    OPT_TIMEOUT,
-    OPT_DRAIN,
-    OPT_MAX_CONN,
-    OPT_MAX_CONN_IP,
-    OPT_LIMIT_LOOPBACK,
-    OPT_IDLE,
-    OPT_HEADER_TIMEOUT,
-    OPT_BODY_TIMEOUT,
+static int serve_main(int argc, char **argv);
+
+const cli_command cli_cmd_serve = {
+    .name = "serve",
+    .summary = "serve the OpenAI API over HTTP (completions, chat, streaming, metrics)",
+    .synopsis = "-m MODEL [options]",
+    .about = "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions (both with\n"
+             "\"stream\": true for Server-Sent Events), GET /v1/models, GET /health (503 while loading or\n"
+             "draining) and GET /metrics (Prometheus). SIGTERM or SIGINT drains: new requests get 503,\n"
+             "in-flight ones finish (up to --drain-timeout), then the server exits with status 0.\n",
+    .tables = (const cli_table[]){{serve_flags, 0}, {cli_engine_flags, offsetof(serve_options, engine)},
+                                         {serve_role_flags, offsetof(serve_options, role)}, {0}},
+    .opts_size = sizeof(serve_options),
+    .init = serve_init,
+    .epilogue = serve_epilogue,
+    .main = serve_main,
 };
 
-static bool parse_size(const char *flag, const char *s, size_t *out)
+static int serve_main(int argc, char **argv)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    double unit = 1;
-    switch (toupper((unsigned char)*end)) {
-    case 0: break;
-    case 'K': unit = 1024.0; end++; break;
-    case 'M': unit = 1024.0 * 1024; end++; break;
-    case 'G': unit = 1024.0 * 1024 * 1024; end++; break;
-    default: end = (char *)"?"; break;
-    }
-    if (*end == 'B' || *end == 'b')
-        end++;
-    if (errno || end == s || *end || !(v >= 1) || v * unit > 1024.0 * 1024 * 1024) {
-        fprintf(stderr, "error: %s expects a size from 1 byte to 1G (e.g. 8M), got '%s'\n", flag, s);
-        return false;
-    }
-    *out = (size_t)(v * unit);
-    return true;
-}
-
-int cmd_serve(int argc, char **argv)
-{
-    static const struct option own[] = {
-        {"model", required_argument, 0, 'm'},
-        {"host", required_argument, 0, OPT_HOST},
-        {"port", required_argument, 0, OPT_PORT},
-        {"api-key", required_argument, 0, OPT_API_KEY},
-        {"alias", required_argument, 0, OPT_ALIAS},
-        {"chat-template", required_argument, 0, OPT_TEMPLATE},
-        {"max-body", required_argument, 0, OPT_MAX_BODY},
-        {"max-queue", required_argument, 0, OPT_MAX_QUEUE},
-        {"timeout", required_argument, 0, OPT_TIMEOUT},
-        {"drain-timeout", required_argument, 0, OPT_DRAIN},
-        {"max-connections", required_argument, 0, OPT_MAX_CONN},
-        {"max-connections-per-ip", required_argument, 0, OPT_MAX_CONN_IP},
-        {"limit-loopback", no_argument, 0, OPT_LIMIT_LOOPBACK},
-        {"idle-timeout", required_argument, 0, OPT_IDLE},
-        {"header-timeout", required_argument, 0, OPT_HEADER_TIMEOUT},
-        {"body-timeout", required_argument, 0, OPT_BODY_TIMEOUT},
-        {"help", no_argument, 0, 'h'},
-    };
-    const size_t n_own = sizeof own / sizeof own[0];
-    struct option *own_all = malloc((n_own + serve_role_longopts_count) * sizeof *own_all);
-    if (!own_all)
-        return 1;
-    memcpy(own_all, own, sizeof own);
-    memcpy(own_all + n_own, serve_role_longopts, serve_role_longopts_count * sizeof *own_all);
-    struct option *longopts = cli_merge_longopts(own_all, n_own + serve_role_longopts_count);
-    free(own_all);
-    if (!longopts)
-        return 1;
-    serve_role_options ro;
-    serve_role_init(&ro);
-    cli_engine_options eo;
-    cli_engine_options_init(&eo);
-    server_config sc = {.host = "127.0.0.1", .port = 8080, .api_key = getenv("BLADE_API_KEY"),
-                        .max_body = 8u << 20, .max_queue = 256, .timeout = 600, .drain_timeout = 30,
-                        .max_connections = 1024, .idle_timeout = 15, .max_connections_per_ip = 256,
-                        .header_timeout = 10, .body_timeout = 60};
-    if (sc.api_key && !*sc.api_key)
+    serve_options o;
+    int rc = cli_parse(&cli_cmd_serve, argc, argv, &o);
+    if (rc != CLI_RUN)
+        return rc;
+    server_config sc = o.sc;
+    cli_engine_options eo = o.engine;
+    const char *model_path = o.model_path, *alias = o.alias, *template_file = o.template_file;
+    if (!sc.api_key && (sc.api_key = getenv("BLADE_API_KEY")) && !*sc.api_key)
         sc.api_key = NULL;
-    const char *model_path = NULL, *alias = NULL, *template_file = NULL;
-    long long n;
-    double x;
-    int c, rc = 2;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:t:c:h", longopts, NULL)) != -1) {
-        int handled = cli_engine_option(&eo, c, optarg);
-        if (!handled)
-            handled = serve_role_option(&ro, c, optarg);
-        if (handled < 0)
-            goto out;
-        if (handled)
-            continue;
-        switch (c) {
-        case 'm': model_path = optarg; break;
-        case OPT_HOST: sc.host = optarg; break;
-        case OPT_PORT:
-            if (!cli_parse_int("--port", optarg, 0, 65535, &n))
-                goto out;
-            sc.port = (int)n;
-            break;
-        case OPT_API_KEY:
-            if (!*optarg) {
-                fprintf(stderr, "error: --api-key is empty\n");
-                goto out;
-            }
-            sc.api_key = optarg;
-            break;
-        case OPT_ALIAS: alias = optarg; break;
-        case OPT_TEMPLATE: template_file = optarg; break;
-        case OPT_MAX_BODY:
-            if (!parse_size("--max-body", optarg, &sc.max_body))
-                goto out;
-            break;
-        case OPT_MAX_QUEUE:
-            if (!cli_parse_int("--max-queue", optarg, 1, 1 << 20, &n))
-                goto out;
-            sc.max_queue = (int)n;
-            break;
-        case OPT_TIMEOUT:
-            if (!cli_parse_float("--timeout", optarg, 0, 1e7, &x))
-                goto out;
-            sc.timeout = x;
-            break;
-        case OPT_DRAIN:
-            if (!cli_parse_float("--drain-timeout", optarg, 0, 1e7, &x))
-                goto out;
-            sc.drain_timeout = x;
-            break;
-        case OPT_MAX_CONN:
-            if (!cli_parse_int("--max-connections", optarg, 1, 65536, &n))
-                goto out;
-            sc.max_connections = (int)n;
-            break;
-        case OPT_MAX_CONN_IP:
-            if (!cli_parse_int("--max-connections-per-ip", optarg, 0, 65536, &n))
-                goto out;
-            sc.max_connections_per_ip = (int)n;
-            break;
-        case OPT_LIMIT_LOOPBACK: sc.limit_loopback = true; break;
-        case OPT_IDLE:
-            if (!cli_parse_int("--idle-timeout", optarg, 1, 86400, &n))
-                goto out;
-            sc.idle_timeout = (int)n;
-            break;
-        case OPT_HEADER_TIMEOUT:
-            if (!cli_parse_float("--header-timeout", optarg, 0.05, 86400, &x))
-                goto out;
-            sc.header_timeout = x;
-            break;
-        case OPT_BODY_TIMEOUT:
-            if (!cli_parse_float("--body-timeout", optarg, 0.05, 86400, &x))
-                goto out;
-            sc.body_timeout = x;
-            break;
-        case 'h': serve_usage(stdout); rc = 0; goto out;
-        default: serve_usage(stderr); goto out;
-        }
+    if (!model_path && !(model_path = cli_default_model()))
+        return cli_usage_error(&cli_cmd_serve, "no model given (-m FILE)");
+    serve_role_options *ro = &o.role;
+    if (serve_role_prepare(ro, &sc)) {
+        serve_role_stop(ro);
+        return 2;
     }
-    if (optind < argc) {
-        fprintf(stderr, "error: unexpected argument '%s'\n", argv[optind]);
-        goto out;
-    }
-    if (!model_path && !(model_path = cli_default_model())) {
-        fprintf(stderr, "error: no model given (-m FILE)\n");
-        goto out;
-    }
-
-    if (serve_role_prepare(&ro, &sc))
-        goto out;
 
     /* Every thread started from here on inherits this mask, so the signals reach only the
      * sigwait below, never a connection or engine thread in the middle of its work. */
@@ -262,7 +155,8 @@ int cmd_serve(int argc, char **argv)
     server *srv = server_start(&sc, &err);
     if (!srv) {
         fprintf(stderr, "error: %s\n", err.msg);
-        goto out;
+        serve_role_stop(ro);
+        return 1;
     }
     bool v6 = strchr(sc.host, ':') != NULL;
     printf("blade serve: listening on http://%s%s%s:%d (loading %s)\n", v6 ? "[" : "", sc.host, v6 ? "]" : "",
@@ -299,7 +193,7 @@ int cmd_serve(int argc, char **argv)
                  sc.limit_loopback ? "" : " (loopback exempt)");
     printf("connections: head within %g s, body within %g s, per address %s\n", sc.header_timeout,
            sc.body_timeout, per_ip);
-    if (serve_role_start(&ro, e, srv, &sc, &err))
+    if (serve_role_start(ro, e, srv, &sc, &err))
         goto stop;
     server_set_model(srv, &am);
     printf("blade serve: ready\n");
@@ -316,7 +210,7 @@ stop:
     if (rc && err.msg[0])
         fprintf(stderr, "error: %s\n", err.msg);
     server_stop(srv);
-    serve_role_stop(&ro);
+    serve_role_stop(ro);
     blade_engine_free(e, false);
     if (have_am)
         api_model_destroy(&am);
@@ -325,8 +219,5 @@ stop:
         printf("blade serve: stopped\n");
         fflush(stdout);
     }
-out:
-    blade_cluster_key_wipe(&ro.key);
-    free(longopts);
     return rc;
 }

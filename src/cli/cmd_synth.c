@@ -6,33 +6,24 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 
-#include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-static void synth_usage(FILE *out)
+typedef struct synth_options {
+    const char *shape, *out, *vocab, *from;
+    const blade_quant_scheme *scheme;
+    long long seed;
+    double noise; /* < 0: not given */
+} synth_options;
+
+static void synth_init(void *opts)
 {
-    fprintf(out,
-            "usage: blade synth --shape NAME --type TYPE -o FILE.gguf [options]\n\n"
-            "Writes a random-weight GGUF with a real model's shape and a real vocabulary (padded with\n"
-            "unused filler tokens to the model's vocabulary size, so the embedding and classifier cost\n"
-            "what they really cost). Other GGUF engines load the file too.\n\n"
-            "With --from SMALL.gguf (a llama model) the file instead computes SMALL's function in the\n"
-            "shape's layers, heads and widths: each step costs what the shape costs, and the text is\n"
-            "SMALL's (vocabulary and tokenizer are SMALL's; every weight SMALL does not fill is noise).\n\n"
-            "  --shape NAME     %s\n"
-            "  --type TYPE      F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, or the mixes Q4_K_M / Q5_K_M\n"
-            "                   (classifier and the sensitive attn_v/ffn_down layers in Q6_K)\n"
-            "  -o, --output F   file to write\n"
-            "  --vocab FILE     vocabulary GGUF to borrow (default: the shape's, from ../shared/vocab)\n"
-            "  --from FILE      inflate this llama GGUF to the shape instead of drawing random weights\n"
-            "  --noise X        with --from: standard deviation of the weights FILE does not fill\n"
-            "                   (default %g; 0 keeps FILE's logits to float rounding)\n"
-            "  --seed N         weight seed (default 1)\n"
-            "  -h, --help       this help\n",
-            blade_synth_shape_names(), BLADE_SYNTH_DEFAULT_NOISE);
+    synth_options *o = opts;
+    o->seed = 1;
+    o->noise = -1.0;
 }
 
 static int inflate(const blade_synth_spec *spec, const char *shape, const char *type, const char *from, float noise,
@@ -56,67 +47,71 @@ static int inflate(const blade_synth_spec *spec, const char *shape, const char *
     return 0;
 }
 
-int cmd_synth(int argc, char **argv)
+#define O synth_options
+static const cli_flag synth_flags[] = {
+    {.name = "shape", .kind = CLI_STRING, CLI_AT(O, shape), .values = blade_synth_shape_names, .metavar = "NAME",
+     .required = true, .help = "the model whose shape to copy"},
+    {.name = "type", .kind = CLI_CUSTOM, CLI_AT(O, scheme), .parse = cli_parse_quant_scheme,
+     .values = blade_quant_scheme_names, .metavar = "TYPE", .required = true,
+     .help = "weight type"},
+    {.name = "output", .letter = 'o', .kind = CLI_PATH, CLI_AT(O, out), .metavar = "FILE", .required = true,
+     .help = "file to write"},
+    {.name = "vocab", .kind = CLI_PATH, CLI_AT(O, vocab), .metavar = "FILE",
+     .dflt = "the shape's, from ../shared/vocab", .help = "vocabulary GGUF to borrow"},
+    {.name = "from", .kind = CLI_PATH, CLI_AT(O, from), .metavar = "FILE",
+     .help = "inflate this llama GGUF to the shape instead of drawing random weights"},
+    {.name = "noise", .kind = CLI_DOUBLE, CLI_AT(O, noise), .min = 0, .max = 1, .metavar = "X",
+     .dflt = "0.001 with --from", .help = "with --from: standard deviation of the weights FILE does not fill (0 keeps "
+                                          "FILE's logits to float rounding)"},
+    {.name = "seed", .kind = CLI_INT, CLI_AT(O, seed), .min = 0, .max = INT64_MAX, .metavar = "N",
+     .help = "weight seed"},
+    {0},
+};
+#undef O
+
+static int synth_main(int argc, char **argv);
+
+const cli_command cli_cmd_synth = {
+    .name = "synth",
+    .summary = "write a random-weight GGUF of a real model's shape, or inflate a small model to it",
+    .synopsis = "--shape NAME --type TYPE -o FILE.gguf [options]",
+    .about = "Writes a random-weight GGUF with a real model's shape and a real vocabulary (padded with\n"
+             "unused filler tokens to the model's vocabulary size, so the embedding and classifier cost\n"
+             "what they really cost). Other GGUF engines load the file too. The _M mixes write the\n"
+             "classifier and the sensitive attn_v / ffn_down layers in Q6_K, as blade quantize does.\n\n"
+             "With --from SMALL.gguf (a llama model) the file instead computes SMALL's function in the\n"
+             "shape's layers, heads and widths: each step costs what the shape costs, and the text is\n"
+             "SMALL's (vocabulary and tokenizer are SMALL's; every weight SMALL does not fill is noise).\n",
+    .tables = (const cli_table[]){{synth_flags, 0}, {0}},
+    .opts_size = sizeof(synth_options),
+    .init = synth_init,
+    .main = synth_main,
+};
+
+static int synth_main(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        {"shape", required_argument, 0, 's'}, {"type", required_argument, 0, 't'},
-        {"output", required_argument, 0, 'o'}, {"vocab", required_argument, 0, 'v'},
-        {"seed", required_argument, 0, 'S'},  {"from", required_argument, 0, 'f'},
-        {"noise", required_argument, 0, 'n'}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    const char *shape = NULL, *type = NULL, *out = NULL, *vocab = NULL, *from = NULL;
-    long long seed = 1;
-    double noise = -1.0;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 's': shape = optarg; break;
-        case 't': type = optarg; break;
-        case 'o': out = optarg; break;
-        case 'v': vocab = optarg; break;
-        case 'S':
-            if (!cli_parse_int("--seed", optarg, 0, INT64_MAX, &seed))
-                return 2;
-            break;
-        case 'f': from = optarg; break;
-        case 'n':
-            if (!cli_parse_float("--noise", optarg, 0.0, 1.0, &noise))
-                return 2;
-            break;
-        case 'h': synth_usage(stdout); return 0;
-        default: synth_usage(stderr); return 2;
-        }
-    }
-    if (!shape || !type || !out || optind != argc) {
-        synth_usage(stderr);
-        return 2;
-    }
-    if (from && vocab) {
-        fprintf(stderr, "error: --from keeps its model's vocabulary; --vocab does not apply\n");
-        return 2;
-    }
-    if (!from && noise >= 0.0) {
-        fprintf(stderr, "error: --noise applies to --from only\n");
-        return 2;
-    }
+    synth_options o;
+    int rc = cli_parse(&cli_cmd_synth, argc, argv, &o);
+    if (rc != CLI_RUN)
+        return rc;
+    const char *shape = o.shape, *out = o.out, *vocab = o.vocab;
+    const blade_quant_scheme *scheme = o.scheme;
+    if (o.from && vocab)
+        return cli_usage_error(&cli_cmd_synth, "--from keeps its model's vocabulary; --vocab does not apply");
+    if (!o.from && o.noise >= 0.0)
+        return cli_usage_error(&cli_cmd_synth, "--noise applies to --from only");
     blade_synth_spec spec = {0};
     const char *shape_vocab;
     if (blade_synth_shape(shape, &spec, &shape_vocab)) {
         fprintf(stderr, "error: unknown shape '%s' (known: %s)\n", shape, blade_synth_shape_names());
         return 2;
     }
-    const blade_quant_scheme *scheme = blade_quant_scheme_find(type);
-    if (!scheme) {
-        fprintf(stderr, "error: type '%s' is not one blade can write (%s)\n", type, blade_quant_scheme_names());
-        return 2;
-    }
     spec.weight_type = scheme->type;
     spec.sensitive_type = scheme->sensitive_type;
-    spec.seed = (uint64_t)seed;
-    if (from)
-        return inflate(&spec, shape, type, from, noise >= 0.0 ? (float)noise : BLADE_SYNTH_DEFAULT_NOISE, out);
+    spec.seed = (uint64_t)o.seed;
+    if (o.from)
+        return inflate(&spec, shape, scheme->name, o.from, o.noise >= 0.0 ? (float)o.noise : BLADE_SYNTH_DEFAULT_NOISE,
+                       out);
     char default_vocab[512];
     if (!vocab) {
         snprintf(default_vocab, sizeof default_vocab, "../shared/%s", shape_vocab);
@@ -129,6 +124,6 @@ int cmd_synth(int argc, char **argv)
         fprintf(stderr, "error: %s\n", err.msg);
         return 1;
     }
-    fprintf(stderr, "wrote %s (%s, %s) in %.1f s\n", out, shape, type, cli_now() - t0);
+    fprintf(stderr, "wrote %s (%s, %s) in %.1f s\n", out, shape, scheme->name, cli_now() - t0);
     return 0;
 }

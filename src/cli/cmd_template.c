@@ -1,3 +1,5 @@
+/* `blade template`: renders a chat template for a conversation, as the server would. */
+
 #include "blade/chat_template.h"
 #include "blade/gguf.h"
 #include "blade/tokenizer.h"
@@ -5,32 +7,11 @@
 #include "cli/commands.h"
 #include "common/file.h"
 
-#include <getopt.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void template_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: blade template (-m MODEL | --template FILE) --messages FILE.json\n"
-            "                      [--add-generation-prompt] [--bos-token S] [--eos-token S]\n\n"
-            "Renders a chat template for a conversation and prints the text exactly (no newline is\n"
-            "added). A template error, such as raise_exception() for roles that do not alternate, is\n"
-            "printed on stderr with exit status 1.\n\n"
-            "  -m, --model FILE             take the template from the GGUF's tokenizer.chat_template;\n"
-            "                               BOS and EOS default to the model's token texts\n"
-            "  -t, --template FILE          take the template from a Jinja source file\n"
-            "  -j, --messages FILE.json     the conversation: a JSON array of messages, or an object\n"
-            "                               whose members (messages, tools, ...) are all passed to the\n"
-            "                               template\n"
-            "  -g, --add-generation-prompt  end with the prompt for the assistant's next turn\n"
-            "      --bos-token S            text of bos_token (default: the model's BOS, or empty)\n"
-            "      --eos-token S            text of eos_token (default: the model's EOS, or empty)\n"
-            "  -h, --help                   this help\n");
-}
 
 /* The template, BOS and EOS texts of a model file; the token texts only when not given. */
 static char *model_template(const char *path, char **bos, char **eos)
@@ -72,56 +53,58 @@ done:
     return src;
 }
 
-int cmd_template(int argc, char **argv)
-{
-    enum { OPT_BOS = 256, OPT_EOS };
-    static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},
-        {"template", required_argument, 0, 't'},
-        {"messages", required_argument, 0, 'j'},
-        {"add-generation-prompt", no_argument, 0, 'g'},
-        {"bos-token", required_argument, 0, OPT_BOS},
-        {"eos-token", required_argument, 0, OPT_EOS},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    const char *model = NULL, *template_file = NULL, *messages_file = NULL;
-    char *bos = NULL, *eos = NULL;
-    bool gen_prompt = false;
-    int c, status = 2;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:t:j:gh", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'm': model = optarg; break;
-        case 't': template_file = optarg; break;
-        case 'j': messages_file = optarg; break;
-        case 'g': gen_prompt = true; break;
-        case OPT_BOS:
-            free(bos);
-            bos = strdup(optarg);
-            break;
-        case OPT_EOS:
-            free(eos);
-            eos = strdup(optarg);
-            break;
-        case 'h':
-            template_usage(stdout);
-            status = 0;
-            goto done;
-        default: template_usage(stderr); goto done;
-        }
-    }
-    if (optind != argc || (!model) == (!template_file) || !messages_file) {
-        if (optind != argc)
-            fprintf(stderr, "blade template: unexpected argument '%s'\n", argv[optind]);
-        else if (!messages_file)
-            fprintf(stderr, "blade template: --messages FILE.json is required\n");
-        else
-            fprintf(stderr, "blade template: give exactly one of -m MODEL and --template FILE\n");
-        template_usage(stderr);
-        goto done;
-    }
+typedef struct template_options {
+    const char *model, *template_file, *messages_file, *bos, *eos;
+    bool gen_prompt;
+} template_options;
 
+#define O template_options
+static const cli_flag template_flags[] = {
+    {.name = "model", .letter = 'm', .kind = CLI_PATH, CLI_AT(O, model), .metavar = "FILE",
+     .help = "take the template from the GGUF's tokenizer.chat_template; BOS and EOS default to the model's "
+             "token texts"},
+    {.name = "template", .kind = CLI_PATH, CLI_AT(O, template_file), .metavar = "FILE",
+     .help = "take the template from a Jinja source file"},
+    {.name = "messages", .letter = 'j', .kind = CLI_PATH, CLI_AT(O, messages_file), .metavar = "FILE.json",
+     .required = true,
+     .help = "the conversation: a JSON array of messages, or an object whose members (messages, tools, ...) are "
+             "all passed to the template"},
+    {.name = "add-generation-prompt", .letter = 'g', .kind = CLI_BOOL, CLI_AT(O, gen_prompt),
+     .help = "end with the prompt for the assistant's next turn"},
+    {.name = "bos-token", .kind = CLI_STRING, CLI_AT(O, bos), .empty_ok = true, .metavar = "S",
+     .dflt = "the model's BOS, or empty", .help = "text of bos_token"},
+    {.name = "eos-token", .kind = CLI_STRING, CLI_AT(O, eos), .empty_ok = true, .metavar = "S",
+     .dflt = "the model's EOS, or empty", .help = "text of eos_token"},
+    {0},
+};
+#undef O
+
+static int template_main(int argc, char **argv);
+
+const cli_command cli_cmd_template = {
+    .name = "template",
+    .summary = "render a chat template for a conversation",
+    .synopsis = "(-m MODEL | --template FILE) --messages FILE.json [options]",
+    .about = "Renders a chat template for a conversation and prints the text exactly (no newline is\n"
+             "added). A template error, such as raise_exception() for roles that do not alternate, is\n"
+             "printed on stderr with exit status 1.\n",
+    .tables = (const cli_table[]){{template_flags, 0}, {0}},
+    .opts_size = sizeof(template_options),
+    .main = template_main,
+};
+
+static int template_main(int argc, char **argv)
+{
+    template_options o;
+    int status = cli_parse(&cli_cmd_template, argc, argv, &o);
+    if (status != CLI_RUN)
+        return status;
+    if (!o.model == !o.template_file)
+        return cli_usage_error(&cli_cmd_template, "give exactly one of -m MODEL and --template FILE");
+    const char *model = o.model, *template_file = o.template_file, *messages_file = o.messages_file;
+    bool gen_prompt = o.gen_prompt;
+    /* owned copies: a model's token texts replace the ones not given */
+    char *bos = o.bos ? strdup(o.bos) : NULL, *eos = o.eos ? strdup(o.eos) : NULL;
     status = 1;
     size_t len = 0;
     char *src = model ? model_template(model, &bos, &eos) : cli_read_file(template_file, &len);

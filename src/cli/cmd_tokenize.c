@@ -3,27 +3,11 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 
-#include <getopt.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void tokenize_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: blade tokenize -m MODEL (-p TEXT | -f FILE) [--ids] [--no-bos] [--parse-special]\n\n"
-            "Shows how the model's tokenizer splits text: one line per token, its id, a tab and the\n"
-            "vocabulary entry in quotes (non-printable bytes escaped). Only the tokenizer metadata\n"
-            "of the GGUF file is read; weights are never loaded.\n\n"
-            "  -m, --model FILE      GGUF model or vocabulary file\n"
-            "  -p, --prompt TEXT     text to tokenize\n"
-            "  -f, --file FILE       tokenize the contents of FILE instead\n"
-            "      --ids             print only the ids, space-separated on one line\n"
-            "      --no-bos          do not start with BOS even if the model asks for it\n"
-            "      --parse-special   match control-token texts such as <s> as single tokens\n"
-            "  -h, --help            this help\n");
-}
 
 /* Vocabulary entries hold spaces, newlines and arbitrary bytes; escaping keeps one token per
  * line and the quotes unambiguous, while well-formed non-ASCII (▁, Ġ, CJK) stays readable. */
@@ -67,46 +51,52 @@ static void print_piece(const char *s)
     }
 }
 
-int cmd_tokenize(int argc, char **argv)
-{
-    enum { OPT_IDS = 256, OPT_NO_BOS, OPT_PARSE_SPECIAL };
-    static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},
-        {"prompt", required_argument, 0, 'p'},
-        {"file", required_argument, 0, 'f'},
-        {"ids", no_argument, 0, OPT_IDS},
-        {"no-bos", no_argument, 0, OPT_NO_BOS},
-        {"parse-special", no_argument, 0, OPT_PARSE_SPECIAL},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    const char *model_path = NULL, *prompt = NULL, *file = NULL;
-    bool ids_only = false, no_bos = false, parse_special = false;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:p:f:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'm': model_path = optarg; break;
-        case 'p': prompt = optarg; break;
-        case 'f': file = optarg; break;
-        case OPT_IDS: ids_only = true; break;
-        case OPT_NO_BOS: no_bos = true; break;
-        case OPT_PARSE_SPECIAL: parse_special = true; break;
-        case 'h': tokenize_usage(stdout); return 0;
-        default: tokenize_usage(stderr); return 2;
-        }
-    }
-    if (optind != argc || !model_path || (!prompt) == (!file)) {
-        if (optind != argc)
-            fprintf(stderr, "blade tokenize: unexpected argument '%s'\n", argv[optind]);
-        else if (!model_path)
-            fprintf(stderr, "blade tokenize: -m MODEL is required\n");
-        else
-            fprintf(stderr, "blade tokenize: give exactly one of -p TEXT and -f FILE\n");
-        tokenize_usage(stderr);
-        return 2;
-    }
+typedef struct tokenize_options {
+    const char *model_path, *prompt, *file;
+    bool ids_only, no_bos, parse_special;
+} tokenize_options;
 
+#define O tokenize_options
+static const cli_flag tokenize_flags[] = {
+    {.name = "model", .letter = 'm', .kind = CLI_PATH, CLI_AT(O, model_path), .metavar = "FILE", .required = true,
+     .help = "GGUF model or vocabulary file"},
+    {.name = "prompt", .letter = 'p', .kind = CLI_STRING, CLI_AT(O, prompt), .empty_ok = true, .metavar = "TEXT",
+     .help = "text to tokenize"},
+    {.name = "file", .letter = 'f', .kind = CLI_PATH, CLI_AT(O, file), .metavar = "FILE",
+     .help = "tokenize the contents of FILE instead"},
+    {.name = "ids", .kind = CLI_BOOL, CLI_AT(O, ids_only), .help = "print only the ids, space-separated on one line"},
+    {.name = "no-bos", .kind = CLI_BOOL, CLI_AT(O, no_bos),
+     .help = "do not start with BOS even if the model asks for it"},
+    {.name = "parse-special", .kind = CLI_BOOL, CLI_AT(O, parse_special),
+     .help = "match control-token texts such as <s> as single tokens"},
+    {0},
+};
+#undef O
+
+static int tokenize_main(int argc, char **argv);
+
+const cli_command cli_cmd_tokenize = {
+    .name = "tokenize",
+    .summary = "show how a model's tokenizer splits text",
+    .synopsis = "-m MODEL (-p TEXT | -f FILE) [--ids] [--no-bos] [--parse-special]",
+    .about = "Shows how the model's tokenizer splits text: one line per token, its id, a tab and the\n"
+             "vocabulary entry in quotes (non-printable bytes escaped). Only the tokenizer metadata\n"
+             "of the GGUF file is read; weights are never loaded.\n",
+    .tables = (const cli_table[]){{tokenize_flags, 0}, {0}},
+    .opts_size = sizeof(tokenize_options),
+    .main = tokenize_main,
+};
+
+static int tokenize_main(int argc, char **argv)
+{
+    tokenize_options o;
+    int rc = cli_parse(&cli_cmd_tokenize, argc, argv, &o);
+    if (rc != CLI_RUN)
+        return rc;
+    if (!o.prompt == !o.file)
+        return cli_usage_error(&cli_cmd_tokenize, "give exactly one of -p TEXT and -f FILE");
+    const char *model_path = o.model_path, *prompt = o.prompt, *file = o.file;
+    bool ids_only = o.ids_only, no_bos = o.no_bos, parse_special = o.parse_special;
     char *file_text = NULL;
     size_t len;
     if (file) {

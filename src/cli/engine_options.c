@@ -1,165 +1,57 @@
+/* The engine flags the serving subcommands share, and what they do with them (engine_options.h). */
+
 #include "cli/engine_options.h"
 
 #include "blade/kv_type.h"
 #include "cli/cli_util.h"
 
-#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
+static const cli_choice sched_modes[] = {{"continuous", BLADE_SCHED_CONTINUOUS}, {"static", BLADE_SCHED_STATIC}, {0}};
+static const cli_choice kv_allocs[] = {{"paged", false}, {"contiguous", true}, {0}};
 
-const struct option cli_engine_longopts[] = {
-    {"kv-mem", required_argument, 0, OPT_KV_MEM},
-    {"block-size", required_argument, 0, OPT_BLOCK_SIZE},
-    {"kv-type", required_argument, 0, OPT_KV_TYPE},
-    {"max-batch-tokens", required_argument, 0, OPT_MAX_BATCH_TOKENS},
-    {"max-seqs", required_argument, 0, OPT_MAX_SEQS},
-    {"no-prefix-cache", no_argument, 0, OPT_NO_PREFIX_CACHE},
-    {"no-chunked-prefill", no_argument, 0, OPT_NO_CHUNKED_PREFILL},
-    {"scheduler", required_argument, 0, OPT_SCHEDULER},
-    {"kv-alloc", required_argument, 0, OPT_KV_ALLOC},
-    {"pin-prefix", required_argument, 0, OPT_PIN_PREFIX},
-    {"ctx-size", required_argument, 0, OPT_CTX_SIZE},
-    {"threads", required_argument, 0, OPT_THREADS},
-    {"batch-aging-steps", required_argument, 0, OPT_BATCH_AGING},
+#define E cli_engine_options
+const cli_flag cli_engine_flags[] = {
+    CLI_SECTION("engine options"),
+    {.name = "threads", .letter = 't', .kind = CLI_INT, CLI_AT(E, cfg.n_threads), .min = 1, .max = 1024,
+     .metavar = "N", .dflt = "physical cores", .help = "compute threads"},
+    {.name = "ctx-size", .letter = 'c', .kind = CLI_INT, CLI_AT(E, cfg.max_context), .min = 2, .max = 1 << 24,
+     .metavar = "N", .dflt = "the model's", .help = "longest prompt + output of one request"},
+    {.name = "kv-mem", .kind = CLI_SIZE_OR_FRACTION, CLI_AT(E, kv_mem), .min = 1, .max = 0x1p50, .metavar = "SIZE",
+     .help = "KV cache memory: bytes with a K/M/G suffix, e.g. 2G, or a fraction of the memory available at "
+             "start, e.g. 0.5"},
+    {.name = "kv-type", .kind = CLI_ENUM, CLI_AT(E, cfg.kv_type), .choice_at = cli_kv_type_choice, .metavar = "T",
+     .help = "KV cache element type"},
+    {.name = "block-size", .kind = CLI_INT, CLI_AT(E, cfg.block_size), .min = 1, .max = 1024, .metavar = "N",
+     .help = "tokens per KV block"},
+    {.name = "max-batch-tokens", .kind = CLI_INT, CLI_AT(E, cfg.sched.max_batch_tokens), .min = 1, .max = 1 << 20,
+     .metavar = "N", .help = "token budget of one step"},
+    {.name = "max-seqs", .kind = CLI_INT, CLI_AT(E, cfg.sched.max_seqs), .min = 1, .max = 4096, .metavar = "N",
+     .help = "sequences per step"},
+    {.name = "pin-prefix", .kind = CLI_PATH, CLI_AT(E, pin_prefix_file), .metavar = "FILE",
+     .help = "compute FILE's text once and keep its KV cached for good"},
+    {.name = "batch-aging-steps", .kind = CLI_INT, CLI_AT(E, cfg.sched.batch_aging_steps), .min = 0, .max = 1 << 30,
+     .metavar = "N", .help = "steps after which a waiting batch request ranks as interactive"},
+    CLI_SECTION("baseline modes (to measure what each technique buys)"),
+    {.name = "scheduler", .kind = CLI_ENUM, CLI_AT(E, cfg.sched.mode), .choices = sched_modes,
+     .help = "static: request-level batching, a batch formed and run to completion, finished members keeping "
+             "their seats"},
+    {.name = "no-prefix-cache", .kind = CLI_BOOL, .negate = true, CLI_AT(E, cfg.prefix_caching),
+     .help = "never reuse cached prompt blocks"},
+    {.name = "no-chunked-prefill", .kind = CLI_BOOL, .negate = true, CLI_AT(E, cfg.sched.chunked_prefill),
+     .help = "run each prompt whole, in a step of its own"},
+    {.name = "kv-alloc", .kind = CLI_ENUM, CLI_AT(E, cfg.sched.contiguous_kv), .choices = kv_allocs,
+     .help = "contiguous: reserve each request's maximum length up front"},
+    {0},
 };
-const size_t cli_engine_longopts_count = sizeof cli_engine_longopts / sizeof cli_engine_longopts[0];
+#undef E
 
 void cli_engine_options_init(cli_engine_options *o)
 {
     memset(o, 0, sizeof *o);
     blade_engine_config_default(&o->cfg);
-    o->kv_mem_fraction = 0.25;
-}
-
-void cli_engine_usage(FILE *out)
-{
-    fprintf(out,
-            "engine options:\n"
-            "  -t, --threads N            compute threads (default: physical cores)\n"
-            "  -c, --ctx-size N           longest prompt + output of one request (default: the model's)\n"
-            "      --kv-mem SIZE          KV cache memory: bytes with K/M/G suffix (e.g. 2G), or a fraction\n"
-            "                             of available memory (e.g. 0.5); default 0.25\n"
-            "      --kv-type T            KV element type: f16 (default), bf16, f32, or q8_0 / fp8 (8 bits\n"
-            "                             with a scale per token and head: about twice the tokens)\n"
-            "      --block-size N         tokens per KV block (default 16)\n"
-            "      --max-batch-tokens N   token budget of one step (default 256)\n"
-            "      --max-seqs N           sequences per step (default 64)\n"
-            "      --pin-prefix FILE      compute FILE's text once and keep its KV cached for good\n"
-            "      --batch-aging-steps N  steps after which a waiting batch request ranks as interactive\n"
-            "                             (default 256)\n"
-            "baseline modes (to measure what each technique buys):\n"
-            "      --scheduler static     request-level batching: form a batch and run it to completion,\n"
-            "                             finished members keeping their seats (default: continuous)\n"
-            "      --no-prefix-cache      never reuse cached prompt blocks\n"
-            "      --no-chunked-prefill   run each prompt whole, in a step of its own\n"
-            "      --kv-alloc contiguous  reserve each request's maximum length up front (default: paged)\n");
-}
-
-/* "2G", "512M", "1073741824" -> bytes; "0.5" -> a fraction of available memory. */
-static int parse_kv_mem(cli_engine_options *o, const char *arg)
-{
-    char *end;
-    double v = strtod(arg, &end);
-    if (end == arg || v <= 0) {
-        fprintf(stderr, "error: --kv-mem expects a size like 2G or a fraction like 0.5, got '%s'\n", arg);
-        return -1;
-    }
-    if (*end == 0 && v < 1.0) {
-        o->kv_mem_fraction = v;
-        return 0;
-    }
-    double unit = 1;
-    if (*end) {
-        switch (toupper((unsigned char)*end)) {
-        case 'K': unit = 1024.0; break;
-        case 'M': unit = 1024.0 * 1024; break;
-        case 'G': unit = 1024.0 * 1024 * 1024; break;
-        default:
-            fprintf(stderr, "error: --kv-mem: unknown unit in '%s' (use K, M or G)\n", arg);
-            return -1;
-        }
-        if (end[1] && strcasecmp(end + 1, "iB") && strcasecmp(end + 1, "B")) {
-            fprintf(stderr, "error: --kv-mem: unknown unit in '%s'\n", arg);
-            return -1;
-        }
-    }
-    if (v * unit > 1e15) {
-        fprintf(stderr, "error: --kv-mem %s is larger than any machine\n", arg);
-        return -1;
-    }
-    o->cfg.kv_mem_bytes = (size_t)(v * unit);
-    o->kv_mem_fraction = 0;
-    return 0;
-}
-
-int cli_engine_option(cli_engine_options *o, int code, const char *arg)
-{
-    long long n;
-    blade_engine_config *c = &o->cfg;
-    switch (code) {
-    case 't': return cli_engine_option(o, OPT_THREADS, arg);
-    case 'c': return cli_engine_option(o, OPT_CTX_SIZE, arg);
-    case OPT_KV_MEM: return parse_kv_mem(o, arg) ? -1 : 1;
-    case OPT_BLOCK_SIZE:
-        if (!cli_parse_int("--block-size", arg, 1, 1024, &n))
-            return -1;
-        c->block_size = (int32_t)n;
-        return 1;
-    case OPT_KV_TYPE: {
-        int t = blade_kv_type_from_name(arg);
-        if (t < 0) {
-            fprintf(stderr, "error: --kv-type expects one of %s, got '%s'\n", blade_kv_type_names(), arg);
-            return -1;
-        }
-        c->kv_type = (blade_kv_type)t;
-        return 1;
-    }
-    case OPT_MAX_BATCH_TOKENS:
-        if (!cli_parse_int("--max-batch-tokens", arg, 1, 1 << 20, &n))
-            return -1;
-        c->sched.max_batch_tokens = (int32_t)n;
-        return 1;
-    case OPT_MAX_SEQS:
-        if (!cli_parse_int("--max-seqs", arg, 1, 4096, &n))
-            return -1;
-        c->sched.max_seqs = (int32_t)n;
-        return 1;
-    case OPT_NO_PREFIX_CACHE: c->prefix_caching = false; return 1;
-    case OPT_NO_CHUNKED_PREFILL: c->sched.chunked_prefill = false; return 1;
-    case OPT_SCHEDULER:
-        if (strcmp(arg, "static") && strcmp(arg, "continuous")) {
-            fprintf(stderr, "error: --scheduler expects continuous or static, got '%s'\n", arg);
-            return -1;
-        }
-        c->sched.mode = strcmp(arg, "static") ? BLADE_SCHED_CONTINUOUS : BLADE_SCHED_STATIC;
-        return 1;
-    case OPT_KV_ALLOC:
-        if (strcmp(arg, "paged") && strcmp(arg, "contiguous")) {
-            fprintf(stderr, "error: --kv-alloc expects paged or contiguous, got '%s'\n", arg);
-            return -1;
-        }
-        c->sched.contiguous_kv = !strcmp(arg, "contiguous");
-        return 1;
-    case OPT_PIN_PREFIX: o->pin_prefix_file = arg; return 1;
-    case OPT_CTX_SIZE:
-        if (!cli_parse_int("--ctx-size", arg, 2, 1 << 24, &n))
-            return -1;
-        c->max_context = (int32_t)n;
-        return 1;
-    case OPT_THREADS:
-        if (!cli_parse_int("--threads", arg, 1, 1024, &n))
-            return -1;
-        c->n_threads = (int)n;
-        return 1;
-    case OPT_BATCH_AGING:
-        if (!cli_parse_int("--batch-aging-steps", arg, 0, 1 << 30, &n))
-            return -1;
-        c->sched.batch_aging_steps = (int32_t)n;
-        return 1;
-    default: return 0;
-    }
+    o->kv_mem.fraction = 0.25;
 }
 
 static size_t available_memory(void)
@@ -177,8 +69,8 @@ static size_t available_memory(void)
 
 int cli_engine_finalize(cli_engine_options *o, const blade_model *m)
 {
-    if (o->kv_mem_fraction > 0)
-        o->cfg.kv_mem_bytes = (size_t)((double)available_memory() * o->kv_mem_fraction);
+    o->cfg.kv_mem_bytes = o->kv_mem.fraction > 0 ? (size_t)((double)available_memory() * o->kv_mem.fraction)
+                                                  : o->kv_mem.bytes;
     if (o->cfg.max_context <= 0 || o->cfg.max_context > m->hp.n_ctx_train)
         o->cfg.max_context = m->hp.n_ctx_train;
     return 0;
@@ -214,16 +106,6 @@ void cli_engine_describe(FILE *out, const cli_engine_options *o, blade_engine *e
                 (long long)n, (long long)(n / ctx), f16_tokens ? (double)n / (double)f16_tokens : 0.0);
     }
     fprintf(out, "\n");
-}
-
-struct option *cli_merge_longopts(const struct option *own, size_t n_own)
-{
-    struct option *all = calloc(n_own + cli_engine_longopts_count + 1, sizeof *all);
-    if (!all)
-        return NULL;
-    memcpy(all, own, n_own * sizeof *own);
-    memcpy(all + n_own, cli_engine_longopts, cli_engine_longopts_count * sizeof *all);
-    return all;
 }
 
 typedef struct pin_wait {

@@ -7,54 +7,31 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#define A cli_eval_args
+const cli_flag cli_eval_flags[] = {
+    {.name = "model", .letter = 'm', .kind = CLI_PATH, CLI_AT(A, model_path), .metavar = "FILE",
+     .dflt = "../shared/models/stories260K.gguf if present", .help = "GGUF model; eval's base"},
+    {.name = "file", .letter = 'f', .kind = CLI_PATH, CLI_AT(A, text_path), .metavar = "FILE", .required = true,
+     .help = "text to score"},
+    {.name = "ctx-size", .letter = 'c', .kind = CLI_INT, CLI_AT(A, cfg.n_ctx), .min = 4, .max = 1 << 20,
+     .metavar = "N", .help = "chunk length in tokens"},
+    {.name = "chunks", .kind = CLI_INT, CLI_AT(A, cfg.max_chunks), .min = 1, .max = 1 << 30, .metavar = "N",
+     .dflt = "all", .help = "score at most N chunks"},
+    {.name = "kv-type", .kind = CLI_ENUM, CLI_AT(A, cfg.kv_type), .choice_at = cli_kv_type_choice, .metavar = "T",
+     .help = "KV cache element type; eval sets the candidate's, the base always uses f16"},
+    {.name = "batch-tokens", .kind = CLI_INT, CLI_AT(A, cfg.batch_tokens), .min = 1, .max = 1 << 16,
+     .metavar = "N", .help = "tokens per forward call; a longer chunk is split"},
+    {.name = "threads", .letter = 't', .kind = CLI_INT, CLI_AT(A, cfg.n_threads), .min = 1, .max = 1024,
+     .metavar = "N", .dflt = "physical cores", .help = "compute threads"},
+    {0},
+};
+#undef A
+
 void cli_eval_args_init(cli_eval_args *a)
 {
     a->model_path = cli_default_model();
     a->text_path = NULL;
     blade_eval_config_default(&a->cfg);
-}
-
-int cli_eval_option(cli_eval_args *a, int c, const char *arg)
-{
-    blade_eval_config *cfg = &a->cfg;
-    long long v;
-    switch (c) {
-    case 'm': a->model_path = arg; return 1;
-    case 'f': a->text_path = arg; return 1;
-    case 'c':
-        if (!cli_parse_int("-c", arg, 4, 1 << 20, &v))
-            return -1;
-        cfg->n_ctx = (int32_t)v;
-        return 1;
-    case 't':
-        if (!cli_parse_int("--threads", arg, 1, 1024, &v))
-            return -1;
-        cfg->n_threads = (int)v;
-        return 1;
-    case CLI_EVAL_OPT_CHUNKS:
-        if (!cli_parse_int("--chunks", arg, 1, 1 << 30, &v))
-            return -1;
-        cfg->max_chunks = (int32_t)v;
-        return 1;
-    case CLI_EVAL_OPT_BATCH_TOKENS:
-        if (!cli_parse_int("--batch-tokens", arg, 1, 1 << 16, &v))
-            return -1;
-        cfg->batch_tokens = (int32_t)v;
-        return 1;
-    case CLI_EVAL_OPT_KV_TYPE: {
-        int t = blade_kv_type_from_name(arg);
-        if (t < 0) {
-            fprintf(stderr, "error: --kv-type: unknown KV type '%s' (known:", arg);
-            for (int k = 0; k < BLADE_KV_TYPE_COUNT; k++)
-                fprintf(stderr, " %s", blade_kv_type_name((blade_kv_type)k));
-            fprintf(stderr, ")\n");
-            return -1;
-        }
-        cfg->kv_type = (blade_kv_type)t;
-        return 1;
-    }
-    default: return 0;
-    }
 }
 
 blade_model *cli_eval_load_model(const char *path)

@@ -2,107 +2,53 @@
 
 #include "cli/serve_role.h"
 
-#include "cli/cli_util.h"
-
 #include <ctype.h>
 #include <jansson.h>
 #include <string.h>
 
-enum {
-    OPT_ROLE = SERVE_ROLE_OPT_BASE,
-    OPT_KV_LISTEN,
-    OPT_PREFILL,
-    OPT_KEY_FILE,
-    OPT_KV_TRANSPORTS,
-    OPT_KV_TIMEOUT,
-    OPT_ETCD,
-    OPT_CLUSTER,
-    OPT_ADVERTISE,
-    OPT_ETCD_TTL,
-};
+static const cli_choice role_choices[] = {
+    {"both", ROLE_BOTH}, {"prefill", ROLE_PREFILL}, {"decode", ROLE_DECODE}, {NULL, 0}};
 
-const struct option serve_role_longopts[] = {
-    {"role", required_argument, 0, OPT_ROLE},
-    {"kv-listen", required_argument, 0, OPT_KV_LISTEN},
-    {"prefill", required_argument, 0, OPT_PREFILL},
-    {"cluster-key-file", required_argument, 0, OPT_KEY_FILE},
-    {"kv-transports", required_argument, 0, OPT_KV_TRANSPORTS},
-    {"kv-timeout", required_argument, 0, OPT_KV_TIMEOUT},
-    {"etcd", required_argument, 0, OPT_ETCD},
-    {"cluster", required_argument, 0, OPT_CLUSTER},
-    {"advertise", required_argument, 0, OPT_ADVERTISE},
-    {"etcd-ttl", required_argument, 0, OPT_ETCD_TTL},
+#define R serve_role_options
+const cli_flag serve_role_flags[] = {
+    CLI_SECTION("cluster worker (prefill/decode disaggregation, docs/cluster.md)"),
+    {.name = "role", .kind = CLI_ENUM, CLI_AT(R, role), .choices = role_choices, .metavar = "ROLE",
+     .help = "both: prefill and decode here; prefill: also serve decode workers' prompts over --kv-listen; "
+             "decode: have a prefill worker compute prompts, then decode (a failed transfer is logged and the "
+             "prompt computed here)"},
+    {.name = "kv-listen", .kind = CLI_STRING, CLI_AT(R, kv_listen), .metavar = "HOST:PORT",
+     .dflt = "127.0.0.1:0, any free port",
+     .help = "prefill: where decode workers reach the KV service (UCX); a non-loopback address needs "
+             "--cluster-key-file"},
+    {.name = "prefill", .kind = CLI_STRING, CLI_AT(R, prefill_peer), .metavar = "HOST:PORT",
+     .help = "decode: the prefill worker to use (a router names one per request with the X-Blade-Prefill "
+             "header instead)"},
+    {.name = "cluster-key-file", .kind = CLI_PATH, CLI_AT(R, key_file), .metavar = "FILE",
+     .help = "the cluster secret: every KV frame and control message carries an HMAC under it; peers without "
+             "it are dropped"},
+    {.name = "kv-transports", .kind = CLI_STRING, CLI_AT(R, transports), .metavar = "TLS",
+     .dflt = "UCX's choice", .help = "UCX transports (UCX_TLS syntax; 'tcp' between network namespaces of one host)"},
+    {.name = "kv-timeout", .kind = CLI_INT, CLI_AT(R, timeout_s), .min = 1, .max = 3600, .metavar = "SECONDS",
+     .help = "bound on connecting and on each KV message"},
+    {.name = "etcd", .kind = CLI_STRING, CLI_AT(R, etcd), .metavar = "URL,...",
+     .help = "register this worker in etcd (with --cluster) for `blade router --etcd`: its URL, role, KV "
+             "address and fingerprint, under a lease"},
+    {.name = "cluster", .kind = CLI_STRING, CLI_AT(R, cluster), .metavar = "NAME",
+     .help = "the cluster's key prefix in etcd (blade/NAME/workers/)"},
+    {.name = "advertise", .kind = CLI_STRING, CLI_AT(R, advertise), .metavar = "URL", .dflt = "http://HOST:PORT",
+     .help = "the URL routers reach this worker at"},
+    {.name = "etcd-ttl", .kind = CLI_INT, CLI_AT(R, etcd_ttl), .min = 2, .max = 3600, .metavar = "SECONDS",
+     .help = "the lease: a worker that stops renewing leaves within it"},
+    {0},
 };
-const size_t serve_role_longopts_count = sizeof serve_role_longopts / sizeof serve_role_longopts[0];
+#undef R
 
 void serve_role_init(serve_role_options *o)
 {
     memset(o, 0, sizeof *o);
     o->role = ROLE_BOTH;
-    o->timeout_ms = 10000;
+    o->timeout_s = 10;
     o->etcd_ttl = 5;
-}
-
-int serve_role_option(serve_role_options *o, int code, const char *arg)
-{
-    long long n;
-    switch (code) {
-    case OPT_ROLE:
-        if (!strcmp(arg, "both"))
-            o->role = ROLE_BOTH;
-        else if (!strcmp(arg, "prefill"))
-            o->role = ROLE_PREFILL;
-        else if (!strcmp(arg, "decode"))
-            o->role = ROLE_DECODE;
-        else {
-            fprintf(stderr, "error: --role expects both, prefill or decode, got '%s'\n", arg);
-            return -1;
-        }
-        return 1;
-    case OPT_KV_LISTEN: o->kv_listen = arg; return 1;
-    case OPT_PREFILL: o->prefill_peer = arg; return 1;
-    case OPT_KEY_FILE: o->key_file = arg; return 1;
-    case OPT_KV_TRANSPORTS: o->transports = arg; return 1;
-    case OPT_KV_TIMEOUT:
-        if (!cli_parse_int("--kv-timeout", arg, 1, 3600, &n))
-            return -1;
-        o->timeout_ms = (int)n * 1000;
-        return 1;
-    case OPT_ETCD: o->etcd = arg; return 1;
-    case OPT_CLUSTER: o->cluster = arg; return 1;
-    case OPT_ADVERTISE: o->advertise = arg; return 1;
-    case OPT_ETCD_TTL:
-        if (!cli_parse_int("--etcd-ttl", arg, 2, 3600, &n))
-            return -1;
-        o->etcd_ttl = (int)n;
-        return 1;
-    default: return 0;
-    }
-}
-
-void serve_role_usage(FILE *out)
-{
-    fprintf(out,
-            "cluster worker (prefill/decode disaggregation, docs/cluster.md):\n"
-            "      --role ROLE          both (default: prefill and decode here), prefill (also serve\n"
-            "                           decode workers' prompts over --kv-listen) or decode (have a\n"
-            "                           prefill worker compute prompts, then decode; a failed transfer\n"
-            "                           is logged and the prompt computed here)\n"
-            "      --kv-listen HOST:PORT  prefill: where decode workers reach the KV service (UCX);\n"
-            "                           a non-loopback address needs --cluster-key-file (default\n"
-            "                           127.0.0.1:0, any free port)\n"
-            "      --prefill HOST:PORT  decode: the prefill worker to use (a router names one per\n"
-            "                           request with the X-Blade-Prefill header instead)\n"
-            "      --cluster-key-file FILE  the cluster secret: every KV frame and control message\n"
-            "                           carries an HMAC under it; peers without it are dropped\n"
-            "      --kv-transports TLS  UCX transports (UCX_TLS syntax; 'tcp' between network\n"
-            "                           namespaces of one host; default: UCX's choice)\n"
-            "      --kv-timeout SECONDS bound on connecting and on each KV message (default 10)\n"
-            "      --etcd URL,...       register this worker in etcd (with --cluster) for `blade router\n"
-            "                           --etcd`: its URL, role, KV address and fingerprint, under a lease\n"
-            "      --cluster NAME       the cluster's key prefix (blade/NAME/workers/)\n"
-            "      --advertise URL      the URL routers reach this worker at (default http://HOST:PORT)\n"
-            "      --etcd-ttl SECONDS   the lease: a worker that stops renewing leaves within it (default 5)\n\n");
 }
 
 int serve_role_prepare(serve_role_options *o, server_config *sc)
@@ -130,7 +76,7 @@ int serve_role_prepare(serve_role_options *o, server_config *sc)
         return -1;
     }
     o->disagg = (blade_disagg_config){.key = o->has_key ? &o->key : NULL, .transports = o->transports,
-                                      .timeout_ms = o->timeout_ms};
+                                      .timeout_ms = o->timeout_s * 1000};
     if (o->role == ROLE_DECODE) {
         sc->disagg = &o->disagg;
         sc->prefill_peer = o->prefill_peer;

@@ -9,22 +9,20 @@
 #include "blade/etcd_client.h"
 #include "server/server.h"
 
-#include <getopt.h>
+#include "cli/flags.h"
+
 #include <stdbool.h>
 #include <stdio.h>
-
-/* getopt codes of these flags (below the engine's CLI_ENGINE_OPT_BASE). */
-#define SERVE_ROLE_OPT_BASE 900
 
 typedef enum serve_role { ROLE_BOTH, ROLE_PREFILL, ROLE_DECODE } serve_role;
 
 typedef struct serve_role_options {
-    serve_role role;
+    int role; /* serve_role */
     const char *kv_listen;    /* prefill: HOST:PORT of the KV service */
     const char *prefill_peer; /* decode: the prefill worker's KV service, HOST:PORT */
     const char *key_file;
     const char *transports;
-    int timeout_ms;
+    int timeout_s;
     const char *etcd;         /* register in etcd under blade/<cluster>/workers/ */
     const char *cluster;
     const char *advertise;    /* the URL a router reaches this worker at */
@@ -37,13 +35,10 @@ typedef struct serve_role_options {
     blade_prefill_service *service;
 } serve_role_options;
 
-extern const struct option serve_role_longopts[];
-extern const size_t serve_role_longopts_count;
+/* The flags, writing into a serve_role_options (a table of `blade serve`'s). */
+extern const cli_flag serve_role_flags[];
 
 void serve_role_init(serve_role_options *o);
-/* 1 when code was one of these flags, 0 when not, -1 on a bad value (reported). */
-int serve_role_option(serve_role_options *o, int code, const char *arg);
-void serve_role_usage(FILE *out);
 /* Before the server starts: loads the key, checks the flags agree with the role, and sets
  * sc's decode fields. -1 with the reason on stderr. */
 int serve_role_prepare(serve_role_options *o, server_config *sc);

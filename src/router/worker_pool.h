@@ -36,6 +36,7 @@ typedef struct pool_config {
     const char *etcd;          /* etcd endpoints, with cluster */
     const char *cluster;
     pool_policy policy;
+    int policy_choice;         /* the flag's value, as an int (cli flags) */
     int block_tokens;          /* tokens per routing block (default 16) */
     int slack;                 /* load difference the prefix preference may cost (default 4) */
 } pool_config;
