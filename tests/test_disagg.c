@@ -88,6 +88,29 @@ static blade_engine *engine_of(const blade_model *m, blade_kv_type type, int32_t
     return e;
 }
 
+/* One engine doing both, a prefill engine and a decode engine, all f16 with blocks of 16. */
+typedef struct trio {
+    blade_model *m;
+    blade_engine *one, *a, *b;
+} trio;
+
+static trio trio_open(void)
+{
+    trio t = {.m = load_stories()};
+    t.one = engine_of(t.m, BLADE_KV_F16, 16, 256);
+    t.a = engine_of(t.m, BLADE_KV_F16, 16, 256);
+    t.b = engine_of(t.m, BLADE_KV_F16, 16, 256);
+    return t;
+}
+
+static void trio_close(trio *t)
+{
+    blade_engine_free(t->one, false);
+    blade_engine_free(t->a, false);
+    blade_engine_free(t->b, false);
+    blade_model_free(t->m);
+}
+
 typedef struct spec {
     int32_t prompt[400];
     int32_t n_prompt;
@@ -259,10 +282,9 @@ static void make_spec(const blade_model *m, spec *s, int32_t n_prompt, int32_t m
 static void test_disagg_identical(void **state)
 {
     (void)state;
-    blade_model *m = load_stories();
-    blade_engine *one = engine_of(m, BLADE_KV_F16, 16, 256);
-    blade_engine *a = engine_of(m, BLADE_KV_F16, 16, 256);
-    blade_engine *b = engine_of(m, BLADE_KV_F16, 16, 256);
+    trio t = trio_open();
+    blade_model *m = t.m;
+    blade_engine *one = t.one, *a = t.a, *b = t.b;
     const int32_t lengths[] = {1, 5, 16, 33, 64, 150, 301};
     const int32_t gens[] = {1, 2, MAX_GEN};
     int k = 0;
@@ -293,10 +315,7 @@ static void test_disagg_identical(void **state)
             }
     assert_clean(a);
     assert_clean(b);
-    blade_engine_free(one, false);
-    blade_engine_free(a, false);
-    blade_engine_free(b, false);
-    blade_model_free(m);
+    trio_close(&t);
 }
 
 /* The decode side already holds a shared prefix: the HAVE reply names it, those blocks do
@@ -304,10 +323,9 @@ static void test_disagg_identical(void **state)
 static void test_disagg_have_exchange(void **state)
 {
     (void)state;
-    blade_model *m = load_stories();
-    blade_engine *one = engine_of(m, BLADE_KV_F16, 16, 256);
-    blade_engine *a = engine_of(m, BLADE_KV_F16, 16, 256);
-    blade_engine *b = engine_of(m, BLADE_KV_F16, 16, 256);
+    trio t = trio_open();
+    blade_model *m = t.m;
+    blade_engine *one = t.one, *a = t.a, *b = t.b;
     blade_cluster_key key = {0};
     memset(key.bytes, 0x5a, 32);
     key.len = 32;
@@ -336,10 +354,7 @@ static void test_disagg_have_exchange(void **state)
     result_free(&r0);
     result_free(&want);
     result_free(&got);
-    blade_engine_free(one, false);
-    blade_engine_free(a, false);
-    blade_engine_free(b, false);
-    blade_model_free(m);
+    trio_close(&t);
 }
 
 /* Blocks that did not arrive (evicted on the decode side after its HAVE reply, or left
@@ -347,10 +362,9 @@ static void test_disagg_have_exchange(void **state)
 static void test_disagg_gap_recomputed(void **state)
 {
     (void)state;
-    blade_model *m = load_stories();
-    blade_engine *one = engine_of(m, BLADE_KV_F16, 16, 256);
-    blade_engine *a = engine_of(m, BLADE_KV_F16, 16, 256);
-    blade_engine *b = engine_of(m, BLADE_KV_F16, 16, 256);
+    trio t = trio_open();
+    blade_model *m = t.m;
+    blade_engine *one = t.one, *a = t.a, *b = t.b;
     spec s;
     make_spec(m, &s, 100, 12, 0.8f, 7);
     result want, pre, got;
@@ -395,10 +409,7 @@ static void test_disagg_gap_recomputed(void **state)
     result_free(&want);
     result_free(&pre);
     result_free(&got);
-    blade_engine_free(one, false);
-    blade_engine_free(a, false);
-    blade_engine_free(b, false);
-    blade_model_free(m);
+    trio_close(&t);
 }
 
 static void expect_refused(blade_engine *a, blade_engine *b, const spec *s, const char *needle)
@@ -568,10 +579,9 @@ static blade_disagg_cause remote(blade_engine *b, const blade_disagg_config *cfg
 static void test_disagg_over_ucx(void **state)
 {
     (void)state;
-    blade_model *m = load_stories();
-    blade_engine *one = engine_of(m, BLADE_KV_F16, 16, 256);
-    blade_engine *a = engine_of(m, BLADE_KV_F16, 16, 256);
-    blade_engine *b = engine_of(m, BLADE_KV_F16, 16, 256);
+    trio t = trio_open();
+    blade_model *m = t.m;
+    blade_engine *one = t.one, *a = t.a, *b = t.b;
     blade_cluster_key key = {0}, wrong = {0};
     memset(key.bytes, 0x33, 32);
     key.len = 32;
@@ -644,10 +654,7 @@ static void test_disagg_over_ucx(void **state)
     assert_non_null(strstr(err.msg, "key"));
     assert_clean(a);
     assert_clean(b);
-    blade_engine_free(one, false);
-    blade_engine_free(a, false);
-    blade_engine_free(b, false);
-    blade_model_free(m);
+    trio_close(&t);
 }
 
 /* A prefill peer that answers with a corrupted frame: the decode side refuses it with the
