@@ -21,7 +21,7 @@ declare -A rank=(
     [runner]=6 [convert]=6 [bench]=6
     [engine]=7 [eval]=7
     [imatrix]=8
-    [api]=9 [loadgen]=9 [cluster]=9
+    [api]=9 [loadgen]=9 [semantic_cache]=9 [cluster]=9
     [server]=10 [router]=10
     [cli]=11
 )
@@ -45,6 +45,7 @@ declare -A owner=(
     [eval]=eval
     [cluster_auth]=cluster [kv_wire]=cluster [kv_handoff]=cluster [disagg]=cluster [kv_transport]=cluster [etcd_client]=cluster
     [imatrix]=imatrix
+    [semantic_cache]=semantic_cache
 )
 
 # Known exception, kept visible: the type table's from_float column (tensor/types.c) points
@@ -88,7 +89,7 @@ while IFS= read -r line; do
         echo "VIOLATION $file (layer $from, rank ${rank[$from]}) includes \"$inc\" (layer $to, rank ${rank[$to]})"
         status=1
     fi
-done < <(grep -rn '#[[:space:]]*include[[:space:]]*"' src include --include='*.c' --include='*.h')
+done < <(grep -rn '#[[:space:]]*include[[:space:]]*"' src include --include='*.c' --include='*.cpp' --include='*.h')
 
 # The core library (ranks 0..core_top) must not reach an HTTP library.
 for d in "${!rank[@]}"; do

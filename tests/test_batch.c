@@ -103,7 +103,8 @@ static void test_batch_file(void **state)
         "{\"custom_id\":\"h1\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"messages\":[{\"role\":"
         "\"system\",\"content\":\"You tell short stories about a dog.\"},{\"role\":\"user\",\"content\":\"Go on.\"}],"
         "\"max_tokens\":16,\"temperature\":0}}",
-        "{\"custom_id\":\"bad-url\",\"method\":\"POST\",\"url\":\"/v1/embeddings\",\"body\":{\"input\":\"x\"}}",
+        "{\"custom_id\":\"bad-url\",\"method\":\"POST\",\"url\":\"/v1/images/generations\",\"body\":{\"prompt\":\"x\"}}",
+        "{\"custom_id\":\"e1\",\"method\":\"POST\",\"url\":\"/v1/embeddings\",\"body\":{\"input\":[\"x\",\"Tom\"]}}",
         "{\"custom_id\":\"bad-nobody\",\"method\":\"POST\",\"url\":\"/v1/completions\"}",
         "{\"custom_id\":\"bad-types\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"x\","
         "\"max_tokens\":\"many\"}}",
@@ -132,7 +133,7 @@ static void test_batch_file(void **state)
              g_model, in, out, tmpl_file);
     char *log = NULL;
     assert_int_equal(run_blade(args, &log, 1), 0);
-    if (!strstr(log, "13 requests: 5 ok, 8 failed"))
+    if (!strstr(log, "14 requests: 6 ok, 8 failed"))
         fail_msg("unexpected summary: %s", log);
     free(log);
 
@@ -153,7 +154,11 @@ static void test_batch_file(void **state)
     free(text);
     assert_int_equal(n, N);
 
-    expect_line_error(find(got, n, "bad-url"), "invalid_url", "/v1/embeddings");
+    expect_line_error(find(got, n, "bad-url"), "invalid_url", "/v1/images/generations");
+    json_t *e1 = json_object_get(json_object_get(find(got, n, "e1"), "response"), "body");
+    assert_string_equal(json_string_value(json_object_get(e1, "object")), "list");
+    assert_int_equal(json_array_size(json_object_get(e1, "data")), 2);
+    assert_int_equal(json_array_size(json_object_get(json_array_get(json_object_get(e1, "data"), 1), "embedding")), 64);
     expect_line_error(find(got, n, "bad-nobody"), "invalid_body", "'body'");
     expect_line_error(find(got, n, "bad-method"), "invalid_method", "POST");
     int anonymous = 0;

@@ -5,8 +5,6 @@
 
 #include "blade/engine.h"
 #include "blade/model.h"
-#include "blade/synth.h"
-#include "blade/types.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -79,16 +77,7 @@ typedef struct spec {
 
 static char *small_model(void)
 {
-    char *path = temp_path("engine-model.gguf");
-    blade_synth_spec s = {
-        .arch = BLADE_ARCH_LLAMA, .n_vocab = 400, .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2,
-        .head_dim = 16, .n_ff = 128, .n_ctx = 2048, .rope_base = 10000.0f, .weight_type = BLADE_TYPE_Q8_0,
-        .seed = 5,
-    };
-    blade_error err = {{0}};
-    if (blade_synth_write(&s, path, false, &err))
-        fail_msg("%s", err.msg);
-    return path;
+    return synth_small_model("engine-model.gguf", 5);
 }
 
 static blade_engine *engine_of_type(const blade_model *m, size_t kv_blocks, int32_t budget, int32_t max_seqs,

@@ -6,11 +6,13 @@
 
 #include "blade/chat_template.h"
 #include "blade/model.h"
+#include "blade/synth.h"
 #include "blade/tokenizer.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -30,6 +32,7 @@ typedef struct srv {
     pid_t pid;
     int port;
     FILE *out;
+    char log[8192]; /* what it printed until ready */
 } srv;
 
 static srv g_main;
@@ -69,8 +72,11 @@ static void srv_start(srv *s, const char *args)
     s->pid = pid;
     s->out = fdopen(fds[0], "r");
     s->port = 0;
+    s->log[0] = 0;
     char line[1024];
     while (fgets(line, sizeof line, s->out)) {
+        size_t used = strlen(s->log);
+        snprintf(s->log + used, sizeof s->log - used, "%s", line);
         const char *p = strstr(line, "listening on http://127.0.0.1:");
         if (p)
             s->port = atoi(p + strlen("listening on http://127.0.0.1:"));
@@ -357,6 +363,316 @@ static int teardown(void **state)
 }
 
 /* ---- tests ---- */
+
+/* ---- the semantic cache ---- */
+
+/* POSTs a completion as the client holding `key` (NULL: no Authorization header) to a
+ * server without --api-key; returns the decoded 200 response and, in hdr, the value of
+ * X-Blade-Semantic-Cache ("" when absent). */
+static json_t *cached_post(int port, const char *key, const char *body, char *hdr, size_t hdr_cap)
+{
+    char headers[256] = "";
+    if (key)
+        snprintf(headers, sizeof headers, "Authorization: Bearer %s", key);
+    resp r;
+    http_ex(port, "POST", "/v1/completions", headers, body, strlen(body), false, &r);
+    if (r.status != 200)
+        fail_msg("POST %s -> %d %s", body, r.status, r.body);
+    hdr[0] = 0;
+    const char *h = strcasestr(r.raw, "\r\nX-Blade-Semantic-Cache: ");
+    if (h) {
+        h += strlen("\r\nX-Blade-Semantic-Cache: ");
+        size_t n = strcspn(h, "\r");
+        snprintf(hdr, hdr_cap, "%.*s", (int)(n < hdr_cap ? n : hdr_cap - 1), h);
+    }
+    json_t *j = r.body[0] == '{' ? body_json(&r) : json_string(r.body);
+    resp_free(&r);
+    return j;
+}
+
+#define GREEDY(prompt, extra) "{\"prompt\": \"" prompt "\", \"max_tokens\": 60, \"temperature\": 0, \"stop\": [\".\"]" extra "}"
+
+/* ---- embeddings ---- */
+
+static void expect_400(int port, const char *body, const char *param, const char *words)
+{
+    resp r;
+    post(port, "/v1/embeddings", body, &r);
+    if (r.status != 400 || !strstr(r.body, words))
+        fail_msg("%s -> %d %s (expected 400 with '%s')", body, r.status, r.body, words);
+    json_t *j = body_json(&r);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "param")), param);
+    json_decref(j);
+    resp_free(&r);
+}
+
+static double vec_norm(json_t *v)
+{
+    double n = 0;
+    for (size_t i = 0; i < json_array_size(v); i++)
+        n += json_real_value(json_array_get(v, i)) * json_real_value(json_array_get(v, i));
+    return sqrt(n);
+}
+
+/* /v1/embeddings on the main server: token ids and text give the same vector for the same
+ * tokens, usage counts them, and every malformed input is a 400 naming 'input' (or the
+ * parameter at fault). */
+static void test_embeddings_api(void **state)
+{
+    (void)state;
+    int port = g_main.port;
+    json_t *a = post_ok(port, "/v1/embeddings", "{\"input\": \"Once upon a time\", \"model\": \"stories\"}");
+    json_t *va = json_object_get(json_array_get(json_object_get(a, "data"), 0), "embedding");
+    assert_int_equal(json_array_size(va), 64);
+    assert_true(fabs(vec_norm(va) - 1) < 1e-5);
+    long long n = usage_field(a, "prompt_tokens");
+    assert_int_equal(usage_field(a, "total_tokens"), n);
+    /* the same tokens as ids */
+    blade_model *m = load_model(g_model);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    blade_error err = {{0}};
+    assert_int_equal(blade_tokenizer_encode(m->tokenizer, "Once upon a time", 16, true, true, &ids, &n_ids, &err), 0);
+    blade_model_free(m);
+    char body[512];
+    int at = snprintf(body, sizeof body, "{\"input\": [[");
+    for (size_t i = 0; i < n_ids; i++)
+        at += snprintf(body + at, sizeof body - (size_t)at, "%s%d", i ? "," : "", ids[i]);
+    snprintf(body + at, sizeof body - (size_t)at, "], \"Lily\"]}");
+    free(ids);
+    assert_int_equal((long long)n_ids, n);
+    json_t *b = post_ok(port, "/v1/embeddings", body);
+    assert_true(json_equal(json_object_get(json_array_get(json_object_get(b, "data"), 0), "embedding"), va));
+    assert_int_equal(json_array_size(json_object_get(b, "data")), 2);
+    json_decref(a);
+    json_decref(b);
+
+    expect_400(port, "{}", "input", "'input' is required");
+    expect_400(port, "{\"input\": 5}", "input", "must be a string, an array of strings");
+    expect_400(port, "{\"input\": []}", "input", "empty array");
+    expect_400(port, "{\"input\": [\"a\", \"\"]}", "input", "'input[1]' is an empty string");
+    expect_400(port, "{\"input\": [1, \"a\"]}", "input", "must be a token id");
+    expect_400(port, "{\"input\": [[1, 100000]]}", "input", "between 0 and 511");
+    expect_400(port, "{\"input\": [{}]}", "input", "'input[0]' must be a string or an array of token ids");
+    expect_400(port, "{\"input\": \"x\", \"encoding_format\": \"hex\"}", "encoding_format", "'encoding_format' must be");
+    expect_400(port, "{\"input\": \"x\", \"dimensions\": 0}", "dimensions", "between 1 and 64");
+    expect_400(port, "{\"input\": \"x\", \"user\": 3}", "user", "must be a string");
+    /* a whole context of tokens is an input (nothing is generated), one more is not */
+    size_t cap = 2049 * 8 + 64;
+    char *big = malloc(cap);
+    at = snprintf(big, cap, "{\"input\": [");
+    for (int i = 0; i < 2049; i++)
+        at += snprintf(big + at, cap - (size_t)at, "%s%d", i ? "," : "", 3 + i % 400);
+    snprintf(big + at, cap - (size_t)at, "]}");
+    expect_400(port, big, "input", "maximum context length is 2048");
+    char *comma = strrchr(big, ',');
+    snprintf(comma, cap - (size_t)(comma - big), "]}");
+    json_decref(post_ok(port, "/v1/embeddings", big));
+    free(big);
+}
+
+/* --embed-model: embeddings (and the cache's similarity) from another model, the prompt's
+ * text tokenized again for it. */
+static void test_embed_model(void **state)
+{
+    (void)state;
+    char *path = temp_path("server-embedder.gguf");
+    blade_synth_spec spec = {
+        .arch = BLADE_ARCH_LLAMA, .n_vocab = 512, .n_embd = 32, .n_layer = 2, .n_head = 2, .n_head_kv = 1,
+        .head_dim = 16, .n_ff = 64, .n_ctx = 512, .rope_base = 10000.0f, .weight_type = BLADE_TYPE_F32, .seed = 3,
+        .vocab_path = g_model,
+    };
+    blade_error err = {{0}};
+    if (blade_synth_write(&spec, path, false, &err))
+        fail_msg("%s", err.msg);
+    char args[1024];
+    snprintf(args, sizeof args, "--embed-model '%s' --embed-pooling last --semantic-cache", path);
+    srv_start(&g_extra, args);
+    assert_non_null(strstr(g_extra.log, "last pooling, 32 dimensions"));
+    int port = g_extra.port;
+    resp r;
+    http_ex(port, "POST", "/v1/embeddings", NULL, "{\"input\": \"Once upon a time\"}", 29, false, &r);
+    assert_int_equal(r.status, 200);
+    json_t *j = body_json(&r);
+    json_t *v = json_object_get(json_array_get(json_object_get(j, "data"), 0), "embedding");
+    assert_int_equal(json_array_size(v), 32);
+    assert_true(fabs(vec_norm(v) - 1) < 1e-5);
+    json_decref(j);
+    resp_free(&r);
+    char h[128];
+    json_t *first = cached_post(port, "k", GREEDY("Once upon a time", ""), h, sizeof h);
+    assert_string_equal(h, "");
+    json_t *again = cached_post(port, "k", GREEDY("Once upon a time", ""), h, sizeof h);
+    assert_string_equal(h, "hit; tier=exact; similarity=1.0000");
+    assert_string_equal(choice_text(again, 0), choice_text(first, 0));
+    json_decref(first);
+    json_decref(again);
+    assert_int_equal(metric(port, "blade:semantic_cache_inserts_total"), 1);
+    assert_int_equal(srv_stop(&g_extra), 0);
+    remove(path);
+    free(path);
+}
+
+
+/* A greedy answer is stored and given back to the same tenant only: another key, another
+ * cache_salt, "semantic_cache": false and an unstored sampled request all miss; a hit
+ * says so in a header and a field, counts no generated token, and streams as SSE; a
+ * reworded prompt hits the semantic tier; /metrics counts it all. */
+static void test_semantic_cache_tenants(void **state)
+{
+    (void)state;
+    srv_start(&g_extra, "--semantic-cache --semantic-threshold 0.9");
+    int port = g_extra.port;
+    char h[128];
+    json_t *first = cached_post(port, "key-a", GREEDY("Once upon a time", ""), h, sizeof h);
+    assert_string_equal(h, "");
+    assert_true(usage_field(first, "completion_tokens") > 0);
+    const char *text = choice_text(first, 0);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(first, "choices"), 0),
+                                                          "finish_reason")),
+                        "stop");
+
+    json_t *again = cached_post(port, "key-a", GREEDY("Once upon a time", ""), h, sizeof h);
+    assert_string_equal(h, "hit; tier=exact; similarity=1.0000");
+    assert_string_equal(choice_text(again, 0), text);
+    assert_int_equal(usage_field(again, "completion_tokens"), 0);
+    assert_int_equal(usage_field(again, "prompt_tokens"), usage_field(first, "prompt_tokens"));
+    json_t *field = json_object_get(again, "semantic_cache");
+    assert_true(json_is_true(json_object_get(field, "hit")));
+    assert_string_equal(json_string_value(json_object_get(field, "tier")), "exact");
+    json_decref(again);
+
+    const char *misses[] = {NULL, NULL, NULL, NULL};
+    json_t *other = cached_post(port, "key-b", GREEDY("Once upon a time", ""), h, sizeof h);
+    misses[0] = h[0] ? "another key" : NULL;
+    assert_string_equal(choice_text(other, 0), text); /* the same greedy answer, computed again */
+    json_decref(other);
+    json_decref(cached_post(port, NULL, GREEDY("Once upon a time", ""), h, sizeof h));
+    misses[1] = h[0] ? "no key" : NULL;
+    json_decref(cached_post(port, "key-a", GREEDY("Once upon a time", ", \"cache_salt\": \"s1\""), h, sizeof h));
+    misses[2] = h[0] ? "another cache_salt" : NULL;
+    json_decref(cached_post(port, "key-a", GREEDY("Once upon a time", ", \"semantic_cache\": false"), h, sizeof h));
+    misses[3] = h[0] ? "semantic_cache false" : NULL;
+    for (int i = 0; i < 4; i++)
+        if (misses[i])
+            fail_msg("the cache answered a request with %s", misses[i]);
+    /* sampled: neither looked up nor stored, unless the request opts in */
+    const char *sampled = "{\"prompt\": \"One day\", \"max_tokens\": 8, \"temperature\": 0.9, \"seed\": 3}";
+    json_decref(cached_post(port, "key-a", sampled, h, sizeof h));
+    json_decref(cached_post(port, "key-a", sampled, h, sizeof h));
+    assert_string_equal(h, "");
+    const char *opted = "{\"prompt\": \"One day\", \"max_tokens\": 8, \"temperature\": 0.9, \"seed\": 3, "
+                        "\"semantic_cache\": true}";
+    json_decref(cached_post(port, "key-a", opted, h, sizeof h));
+    assert_string_equal(h, "");
+    json_decref(cached_post(port, "key-a", opted, h, sizeof h));
+    assert_string_equal(h, "hit; tier=exact; similarity=1.0000");
+
+    /* a near-duplicate (a trailing space) is a semantic hit, replayed as a stream */
+    json_t *sse = cached_post(port, "key-a",
+                              GREEDY("Once upon a time ", ", \"stream\": true, \"stream_options\": {\"include_usage\": true}"),
+                              h, sizeof h);
+    assert_non_null(strstr(h, "tier=semantic"));
+    double sim = strtod(strstr(h, "similarity=") + strlen("similarity="), NULL);
+    assert_true(sim >= 0.9 && sim < 1.0);
+    const char *body = json_string_value(sse);
+    assert_non_null(strstr(body, "\"finish_reason\":\"stop\""));
+    assert_non_null(strstr(body, "\"completion_tokens\":0"));
+    assert_non_null(strstr(body, "data: [DONE]"));
+    /* every chunk names the hit */
+    int chunks = 0, named = 0;
+    for (const char *p = strstr(body, "data: {"); p; p = strstr(p + 1, "data: {")) {
+        chunks++;
+        const char *end = strstr(p, "\n\n");
+        const char *f = strstr(p, "\"semantic_cache\":{\"hit\":true,\"tier\":\"semantic\"");
+        named += f && end && f < end;
+    }
+    assert_true(chunks >= 3);
+    assert_int_equal(named, chunks);
+    json_decref(sse);
+    json_decref(first);
+
+    assert_int_equal(metric(port, "blade:semantic_cache_exact_hits_total"), 2);
+    assert_int_equal(metric(port, "blade:semantic_cache_semantic_hits_total"), 1);
+    /* key-a, key-b, no key, salt s1, the opted-in sampled one ("false" stored nothing) */
+    assert_int_equal(metric(port, "blade:semantic_cache_entries"), 5);
+    assert_true(metric(port, "blade:semantic_cache_bytes") > 0);
+    assert_true(metric(port, "blade:semantic_cache_lookup_seconds_count") >= 8);
+    assert_int_equal(srv_stop(&g_extra), 0);
+}
+
+/* Two entries at most and a TTL: the least recently used goes first, and an entry older
+ * than the TTL is never answered. */
+static void test_semantic_cache_eviction_ttl(void **state)
+{
+    (void)state;
+    srv_start(&g_extra, "--semantic-cache --semantic-threshold 1 --semantic-cache-entries 2 --semantic-cache-ttl 3");
+    int port = g_extra.port;
+    char h[128];
+    json_decref(cached_post(port, "k", GREEDY("The cat", ""), h, sizeof h));
+    json_decref(cached_post(port, "k", GREEDY("The dog", ""), h, sizeof h));
+    json_decref(cached_post(port, "k", GREEDY("The dog", ""), h, sizeof h));
+    assert_string_equal(h, "hit; tier=exact; similarity=1.0000");
+    json_decref(cached_post(port, "k", GREEDY("A bird", ""), h, sizeof h)); /* evicts the cat */
+    assert_int_equal(metric(port, "blade:semantic_cache_evictions_total"), 1);
+    assert_int_equal(metric(port, "blade:semantic_cache_entries"), 2);
+    json_decref(cached_post(port, "k", GREEDY("A bird", ""), h, sizeof h));
+    assert_string_equal(h, "hit; tier=exact; similarity=1.0000");
+    json_decref(cached_post(port, "k", GREEDY("The cat", ""), h, sizeof h));
+    assert_string_equal(h, "");
+    sleep(4);
+    json_decref(cached_post(port, "k", GREEDY("A bird", ""), h, sizeof h));
+    assert_string_equal(h, "");
+    assert_true(metric(port, "blade:semantic_cache_expirations_total") >= 1);
+    assert_int_equal(srv_stop(&g_extra), 0);
+}
+
+/* With --semantic-cache-db the entries survive a restart; a damaged file is moved aside
+ * with a warning and the server starts with an empty cache. */
+static void test_semantic_cache_persistence(void **state)
+{
+    (void)state;
+    char *db = temp_path("server-semcache.db");
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -f '%s' '%s'.corrupt-*", db, db);
+    run_command(cmd, NULL);
+    char args[1024];
+    snprintf(args, sizeof args, "--semantic-cache --semantic-cache-db '%s' 2>&1", db);
+    srv_start(&g_extra, args);
+    char h[128];
+    json_t *first = cached_post(g_extra.port, "k", GREEDY("Lily went", ""), h, sizeof h);
+    assert_string_equal(h, "");
+    assert_int_equal(srv_stop(&g_extra), 0);
+
+    srv_start(&g_extra, args);
+    assert_non_null(strstr(g_extra.log, "1 entries loaded"));
+    json_t *again = cached_post(g_extra.port, "k", GREEDY("Lily went", ""), h, sizeof h);
+    assert_string_equal(h, "hit; tier=exact; similarity=1.0000");
+    assert_string_equal(choice_text(again, 0), choice_text(first, 0));
+    json_decref(cached_post(g_extra.port, "other", GREEDY("Lily went", ""), h, sizeof h));
+    assert_string_equal(h, ""); /* tenants stay apart after a restart too */
+    assert_int_equal(srv_stop(&g_extra), 0);
+    json_decref(first);
+    json_decref(again);
+
+    char junk[4096];
+    memset(junk, 0x5a, sizeof junk);
+    memcpy(junk, "SQLite format 3", 16);
+    assert_int_equal(write_file(db, junk, sizeof junk), 0);
+    srv_start(&g_extra, args);
+    assert_non_null(strstr(g_extra.log, "warning: semantic cache:"));
+    assert_non_null(strstr(g_extra.log, "0 entries loaded"));
+    json_decref(cached_post(g_extra.port, "k", GREEDY("Lily went", ""), h, sizeof h));
+    assert_string_equal(h, "");
+    json_decref(cached_post(g_extra.port, "k", GREEDY("Lily went", ""), h, sizeof h));
+    assert_string_equal(h, "hit; tier=exact; similarity=1.0000");
+    assert_int_equal(srv_stop(&g_extra), 0);
+    snprintf(cmd, sizeof cmd, "ls '%s'.corrupt-* >/dev/null 2>&1", db);
+    assert_int_equal(run_command(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, "rm -f '%s' '%s'.corrupt-* '%s'-wal '%s'-shm", db, db, db, db);
+    run_command(cmd, NULL);
+    free(db);
+}
 
 static void test_health_models_metrics(void **state)
 {
@@ -1361,6 +1677,11 @@ int main(void)
         cmocka_unit_test(test_disconnects_free_blocks),
         cmocka_unit_test_teardown(test_limits, stop_extra),
         cmocka_unit_test_teardown(test_drain, stop_extra),
+        cmocka_unit_test(test_embeddings_api),
+        cmocka_unit_test_teardown(test_embed_model, stop_extra),
+        cmocka_unit_test_teardown(test_semantic_cache_tenants, stop_extra),
+        cmocka_unit_test_teardown(test_semantic_cache_eviction_ttl, stop_extra),
+        cmocka_unit_test_teardown(test_semantic_cache_persistence, stop_extra),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,6 +1,10 @@
 /* Helpers of the cmocka test programs (testutil.h): paths into ../shared, reported skips,
- * files, temporary paths, and running the blade binary or any command. */
+ * files, temporary paths, a small synthetic model, and running the blade binary or any
+ * command. */
 #include "testutil.h"
+
+#include "blade/synth.h"
+#include "blade/types.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -220,4 +224,18 @@ int run_blade_within(int seconds, const char *args, char **out, int merge_stderr
     char prefix[64];
     snprintf(prefix, sizeof prefix, "timeout -k 2 %d ", seconds);
     return run_prefixed(prefix, args, out, merge_stderr, NULL, NULL);
+}
+
+char *synth_small_model(const char *name, uint64_t seed)
+{
+    char *path = temp_path(name);
+    blade_synth_spec s = {
+        .arch = BLADE_ARCH_LLAMA, .n_vocab = 400, .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2,
+        .head_dim = 16, .n_ff = 128, .n_ctx = 2048, .rope_base = 10000.0f, .weight_type = BLADE_TYPE_Q8_0,
+        .seed = seed,
+    };
+    blade_error err = {{0}};
+    if (blade_synth_write(&s, path, false, &err))
+        fail_msg("%s", err.msg);
+    return path;
 }

@@ -35,6 +35,9 @@ char *read_shared(const char *rel, size_t *len);
 /* Whole file into a malloc'd, NUL-terminated buffer; NULL on failure. */
 char *read_file(const char *path, size_t *len);
 int write_file(const char *path, const void *data, size_t len);
+/* A small synthetic llama model (400-token vocabulary, 64 wide, 2 layers, Q8_0, 2048-token
+ * context) written to the temp path `name` with weight seed `seed`; the path, malloc'd. */
+char *synth_small_model(const char *name, uint64_t seed);
 /* A fresh path under the build's test temp directory (created on demand); malloc'd. */
 char *temp_path(const char *name);
 /* Runs a shell command line; returns its exit status and, if out is non-NULL, its stdout

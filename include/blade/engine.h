@@ -74,6 +74,15 @@ typedef struct blade_kv_import {
     const int32_t *sent;        /* n_sent logical block indices, strictly increasing */
     int32_t n_sent;
 } blade_kv_import;
+/* How an embedding request turns its tokens' final hidden states into one vector. */
+typedef enum blade_pooling {
+    BLADE_POOL_NONE = 0, /* not an embedding request: generate */
+    BLADE_POOL_MODEL,    /* the model's own {arch}.pooling_type key (mean or last); mean without one */
+    BLADE_POOL_MEAN,     /* the mean over every prompt token */
+    BLADE_POOL_LAST,     /* the last prompt token's (it has attended to all of them) */
+} blade_pooling;
+
+const char *blade_pooling_name(blade_pooling p);
 
 typedef struct blade_token_event {
     uint64_t request_id;
@@ -96,6 +105,10 @@ typedef struct blade_token_event {
     int32_t cached_tokens;       /* prompt tokens served from the prefix cache */
     double queue_seconds;        /* submit to first scheduled */
     double ttft_seconds;         /* submit to first token */
+    /* An embedding request's only event (finish BLADE_FINISH_STOP): the pooled final hidden
+     * state, L2-normalised, n_embedding floats. NULL otherwise. */
+    const float *embedding;
+    int32_t n_embedding;
 } blade_token_event;
 
 typedef void (*blade_token_callback)(const blade_token_event *ev);
@@ -126,6 +139,11 @@ typedef struct blade_request {
      * a prefill computed by another engine, emitting its first token as the first event. */
     bool export_kv;
     const blade_kv_import *import;
+    blade_pooling embed;          /* not NONE: an embedding request, prefill only: the prompt is
+                                   * computed like any other (batched, chunked; prefix-cached
+                                   * when pooling the last token), nothing is sampled, and one
+                                   * event carries the embedding. max_tokens, sampling, stop
+                                   * and logprobs do not apply; n must be 1. */
     blade_token_callback callback;
     void *user;
 } blade_request;
@@ -178,6 +196,8 @@ const blade_model *blade_engine_model(const blade_engine *e);
 /* KV capacity in tokens (blocks x block size). */
 int64_t blade_engine_kv_tokens(const blade_engine *e);
 int32_t blade_engine_max_context(const blade_engine *e);
+/* What BLADE_POOL_MODEL means for this engine's model (MEAN or LAST). */
+blade_pooling blade_engine_pooling(const blade_engine *e);
 
 /* ---- disaggregated serving ---- */
 

@@ -38,6 +38,16 @@ bool blade_isa_supported(blade_isa isa);
 blade_isa blade_isa_active(void);
 void blade_isa_set(blade_isa isa); /* ignored when unsupported */
 
+/* ---- dot products (embeddings) ----
+ * Same bits for the same vectors on one ISA, whether from the pair or the scan; ISAs differ
+ * in summation order only (relative differences around 1e-6). */
+
+/* sum(a[i] * b[i]) over n floats. */
+float blade_dot_f32(const float *a, const float *b, int64_t n);
+/* The row r < n_rows of `rows` (n floats each, contiguous) with the largest dot product
+ * with q, its product in *best; the first such row on ties; -1 when n_rows is 0. */
+int64_t blade_dot_best_row_f32(const float *rows, int64_t n_rows, int64_t n, const float *q, float *best);
+
 /* ---- matrix multiply ----
  * Activations are first converted into the form the weight type's dot product wants
  * (e.g. int8 blocks with a scale for integer dot products), once per token row. */

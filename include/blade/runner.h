@@ -34,6 +34,10 @@ typedef struct blade_batch_seq {
     const int32_t *logit_rows;
     int32_t n_logits;
     float *logits;
+    /* When set, the final hidden state (the last block's output after the output norm) of
+     * every one of the n_tokens rows is written to hidden + j * n_embd: what embeddings
+     * are pooled from. Batch invariant like the logits. */
+    float *hidden;
 } blade_batch_seq;
 
 typedef struct blade_runner blade_runner;

@@ -52,6 +52,9 @@ typedef struct blade_sched_seq {
     int32_t n_prompt;
     int32_t max_total;     /* n_prompt + max new tokens: the reservation of contiguous mode */
     int32_t n_computed;
+    /* Every token must be computed (a mean-pooled embedding reads each token's output), so
+     * no prefix is taken from the cache; the sequence's blocks still enter it for others. */
+    bool compute_all;
     blade_kv_cache_seq kv;
     /* bookkeeping of the scheduler */
     blade_seq_state state;

@@ -22,7 +22,9 @@ static void on_event(const blade_token_event *ev)
     api_job *job = jp->job;
     int32_t index = jp->index * job->req.n + ev->choice;
     size_t el = ev->error ? strlen(ev->error) : 0;
-    api_event *e = malloc(sizeof *e + ev->text_len + el + 2);
+    /* the vector goes first in storage, where a float is aligned */
+    size_t vec = ev->embedding ? (size_t)ev->n_embedding * sizeof(float) : 0;
+    api_event *e = malloc(sizeof *e + vec + ev->text_len + el + 2);
     bool pre = false;
     if (!e) {
         atomic_store(&job->lost, true);
@@ -51,12 +53,18 @@ static void on_event(const blade_token_event *ev)
     e->t = blade_clock_seconds();
     e->text = e->storage;
     if (!pre) {
-        memcpy(e->storage, ev->text, ev->text_len);
-        e->storage[ev->text_len] = 0;
+        if (vec) {
+            e->embedding = (float *)(void *)e->storage;
+            memcpy(e->embedding, ev->embedding, vec);
+            e->n_embedding = ev->n_embedding;
+        }
+        e->text = e->storage + vec;
+        memcpy(e->text, ev->text, ev->text_len);
+        e->text[ev->text_len] = 0;
         e->text_len = ev->text_len;
         if (ev->error) {
-            memcpy(e->storage + ev->text_len + 1, ev->error, el + 1);
-            e->error = e->storage + ev->text_len + 1;
+            memcpy(e->text + ev->text_len + 1, ev->error, el + 1);
+            e->error = e->text + ev->text_len + 1;
         }
     }
     api_sink_push(job->sink, e);
@@ -84,6 +92,7 @@ static void job_destroy(api_job *job)
     for (int32_t i = 0; job->choices && i < job->n_choices; i++) {
         api_buf_free(&job->choices[i].text);
         json_decref(job->choices[i].logprobs);
+        free(job->choices[i].embedding);
         free(job->choices[i].spare);
     }
     free(job->choices);
@@ -91,11 +100,13 @@ static void job_destroy(api_job *job)
     free(job->prompt_tokens);
     free(job->cached_tokens);
     free(job->piece);
+    json_decref(job->note);
     api_request_free(&job->req);
     free(job);
 }
 
-api_job *api_job_submit(const api_model *am, api_request *req, api_sink *sink, double t_start, api_error *err)
+/* A job for req (taken over) with its choices, nothing submitted yet. */
+static api_job *job_new(const api_model *am, api_request *req, api_sink *sink, double t_start, api_error *err)
 {
     api_job *job = calloc(1, sizeof *job);
     if (!job) {
@@ -111,7 +122,9 @@ api_job *api_job_submit(const api_model *am, api_request *req, api_sink *sink, d
     api_error_set(&job->lost_error, 500, "server_error", NULL, NULL,
                   "the server ran out of memory while generating; the output is incomplete");
     job->created = (long long)time(NULL);
-    random_id(job->id, sizeof job->id, job->req.ep == API_CHAT ? "chatcmpl-" : "cmpl-");
+    static const char *const id_prefix[] = {[API_COMPLETIONS] = "cmpl-", [API_CHAT] = "chatcmpl-",
+                                            [API_EMBEDDINGS] = "embd-"};
+    random_id(job->id, sizeof job->id, id_prefix[job->req.ep]);
     int32_t np = job->req.n_prompts;
     job->n_choices = np * job->req.n;
     job->piece_cap = blade_tokenizer_max_token_bytes(am->model->tokenizer) + 16;
@@ -133,29 +146,85 @@ api_job *api_job_submit(const api_model *am, api_request *req, api_sink *sink, d
         job_destroy(job);
         return api_error_set(err, 500, "server_error", NULL, NULL, "out of memory"), NULL;
     }
+    for (int32_t p = 0; p < np; p++) {
+        job->prompts[p].job = job;
+        job->prompts[p].index = p;
+    }
+    return job;
+}
 
+api_job *api_job_replay(const api_model *am, api_request *req, const char *text, size_t len,
+                        blade_finish_reason finish, const char *note_key, json_t *note, api_buf *sse, api_error *err)
+{
+    if (req->n_prompts != 1 || req->n != 1) {
+        json_decref(note);
+        api_request_free(req);
+        return api_error_set(err, 500, "server_error", NULL, NULL, "only a single-choice request can be replayed"),
+               NULL;
+    }
+    api_job *job = job_new(am, req, NULL, 0, err);
+    if (!job) {
+        json_decref(note);
+        return NULL;
+    }
+    job->note_key = note_key;
+    job->note = note;
+    api_event ev = {.job = job, .token = -1, .finish = finish, .prompt_tokens = job->req.prompts[0].n_tokens,
+                    .text = (char *)text, .text_len = len};
+    job->running = 1;
+    api_timing t;
+    if (sse)
+        api_job_stream_start(job, sse);
+    api_job_apply(job, &ev, sse, &t);
+    if (sse)
+        api_job_stream_end(job, sse);
+    return job;
+}
+
+void api_job_result(const api_job *job, const char **text, size_t *len, blade_finish_reason *finish)
+{
+    const api_choice *c = &job->choices[0];
+    *text = c->text.data ? c->text.data : "";
+    *len = c->text.len;
+    *finish = c->finish;
+}
+
+const api_request *api_job_request(const api_job *job)
+{
+    return &job->req;
+}
+
+api_job *api_job_submit(const api_model *am, api_request *req, api_sink *sink, double t_start, api_error *err)
+{
+    api_job *job = job_new(am, req, sink, t_start, err);
+    if (!job)
+        return NULL;
+    blade_engine *engine = job->req.ep == API_EMBEDDINGS ? am->embed_engine : am->engine;
+    int32_t np = job->req.n_prompts;
     for (int32_t p = 0; p < np; p++) {
         const api_prompt *pr = &job->req.prompts[p];
         blade_request q;
         blade_request_default(&q);
         q.prompt_tokens = pr->tokens;
         q.n_prompt_tokens = pr->n_tokens;
-        q.sampling = job->req.sampling;
-        q.max_tokens = job->req.max_tokens;
-        q.stop = (const char *const *)job->req.stop;
-        q.n_stop = job->req.n_stop;
-        q.ignore_eos = job->req.ignore_eos;
-        q.logprobs = job->req.logprobs;
-        q.n = job->req.n;
         q.cls = job->req.cls;
         q.cache_salt = job->req.cache_salt;
         q.import = p == 0 ? job->req.import : NULL;
+        if (job->req.ep == API_EMBEDDINGS) {
+            q.embed = am->pooling;
+        } else {
+            q.sampling = job->req.sampling;
+            q.max_tokens = job->req.max_tokens;
+            q.stop = (const char *const *)job->req.stop;
+            q.n_stop = job->req.n_stop;
+            q.ignore_eos = job->req.ignore_eos;
+            q.logprobs = job->req.logprobs;
+            q.n = job->req.n;
+        }
         q.callback = on_event;
         q.user = &job->prompts[p];
-        job->prompts[p].job = job;
-        job->prompts[p].index = p;
         blade_error berr = {{0}};
-        uint64_t id = blade_engine_submit(am->engine, &q, &berr);
+        uint64_t id = blade_engine_submit(engine, &q, &berr);
         if (!id) {
             bool shutting = strstr(berr.msg, "shutting down") != NULL;
             api_error e;
@@ -187,7 +256,8 @@ void api_job_abort(api_job *job, int status, const char *type, const char *messa
         api_error_set(&job->error, status, type, NULL, NULL, "%s", message);
     for (int32_t p = 0; p < job->req.n_prompts; p++)
         if (job->prompts[p].id)
-            blade_engine_abort(job->am->engine, job->prompts[p].id);
+            blade_engine_abort(job->req.ep == API_EMBEDDINGS ? job->am->embed_engine : job->am->engine,
+                               job->prompts[p].id);
 }
 
 void api_job_free(api_job *job)
@@ -274,8 +344,16 @@ void api_job_apply(api_job *job, const api_event *ev, api_buf *sse, api_timing *
     }
     if (sse)
         job_stream_event(job, sse, index, ev, lp);
-    else
-        api_buf_append(&c->text, ev->text, ev->text_len);
+    /* kept when streaming too: a finished answer may go into the semantic cache */
+    api_buf_append(&c->text, ev->text, ev->text_len);
+    if (ev->embedding && !c->embedding) {
+        if ((c->embedding = malloc((size_t)ev->n_embedding * sizeof *c->embedding))) {
+            memcpy(c->embedding, ev->embedding, (size_t)ev->n_embedding * sizeof *c->embedding);
+            c->n_embedding = ev->n_embedding;
+        } else {
+            atomic_store(&job->lost, true);
+        }
+    }
     if (ev->finish == BLADE_FINISH_NONE)
         return;
 

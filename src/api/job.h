@@ -21,6 +21,18 @@
  * sink. NULL with err set when nothing could be submitted; once anything was submitted
  * the job is returned, and a later failure shows in its error. */
 api_job *api_job_submit(const api_model *am, api_request *req, api_sink *sink, double t_start, api_error *err);
+/* A job answered without the engine (a semantic cache hit): req's one prompt (taken over)
+ * has one choice that finished with `finish` after `text`, no token generated. Every object
+ * of the answer carries the field note_key: note (taken over; a static key). With sse
+ * non-NULL, the whole stream (opening chunks, the text, the end) is appended to it;
+ * api_job_response reads it like any finished job. NULL with err set. */
+api_job *api_job_replay(const api_model *am, api_request *req, const char *text, size_t len,
+                        blade_finish_reason finish, const char *note_key, json_t *note, api_buf *sse,
+                        api_error *err);
+/* A finished single-choice job's answer: its text (not NUL-terminated) and finish reason. */
+void api_job_result(const api_job *job, const char **text, size_t *len, blade_finish_reason *finish);
+/* The job's request as parsed. */
+const api_request *api_job_request(const api_job *job);
 /* Ends every unfinished choice (abort events follow) and records why: the error the job
  * will report. */
 void api_job_abort(api_job *job, int status, const char *type, const char *message);

@@ -26,6 +26,8 @@ typedef struct api_choice {
     blade_finish_reason finish;
     bool finished;
     double t_first, t_last;
+    float *embedding; /* an embedding request's result, n_embedding floats */
+    int32_t n_embedding;
     api_event *spare; /* the finish event, should memory run out on the engine thread */
 } api_choice;
 
@@ -48,6 +50,10 @@ struct api_job {
     char *piece;
     size_t piece_cap;
     void *user;
+    /* A field every object of the answer carries (the response, each stream chunk): a
+     * replayed job's semantic cache hit. NULL: none. */
+    const char *note_key;
+    json_t *note;
 };
 
 /* response.c: a job's logprobs object, empty (chat: {"content": [], "refusal": null};

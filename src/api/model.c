@@ -32,6 +32,8 @@ int api_model_init(api_model *am, blade_engine *e, const char *model_path, const
     memset(am, 0, sizeof *am);
     am->engine = e;
     am->model = blade_engine_model(e);
+    api_model_set_embedder(am, e);
+    am->pooling = BLADE_POOL_MODEL;
     am->created = (long long)time(NULL);
     const char *base = strrchr(model_path, '/');
     base = base ? base + 1 : model_path;
@@ -123,4 +125,10 @@ json_t *api_models_json(const api_model *am, const char *id)
     json_t *data = json_array();
     json_array_append_new(data, model_object(am, am->names[0]));
     return json_pack("{s:s, s:o}", "object", "list", "data", data);
+}
+
+void api_model_set_embedder(api_model *am, blade_engine *e)
+{
+    am->embed_engine = e;
+    am->embed_model = blade_engine_model(e);
 }

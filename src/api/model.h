@@ -20,6 +20,11 @@ typedef struct api_model {
     char fingerprint[32];          /* system_fingerprint */
     long long created;             /* when the server started, for /v1/models */
     bool batch_class;              /* every request runs in the batch traffic class */
+    /* Where /v1/embeddings runs: the served model's engine unless --embed-model gave one of
+     * its own (api_model_set_embedder), and how it pools. */
+    blade_engine *embed_engine;
+    const blade_model *embed_model;
+    blade_pooling pooling;
 } api_model;
 
 /* Names the model after alias (if any), the path as given and its file name; reads the chat
@@ -29,6 +34,8 @@ typedef struct api_model {
 int api_model_init(api_model *am, blade_engine *e, const char *model_path, const char *alias,
                    const char *template_file, blade_error *err);
 void api_model_destroy(api_model *am);
+/* Embeddings from another engine (--embed-model) than the one that generates. */
+void api_model_set_embedder(api_model *am, blade_engine *e);
 /* Whether `name` is one of the model's names. */
 bool api_model_matches(const api_model *am, const char *name);
 /* The /v1/models list, or one model object when id is non-NULL (NULL when unknown). */

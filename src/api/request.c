@@ -123,11 +123,11 @@ static int add_prompt(api_request *r)
 /* No token is longer than max_token_bytes, so a text longer than that many bytes per
  * context slot cannot fit; refusing it before tokenizing bounds the work a hostile
  * multi-megabyte prompt can cause. */
-static int tokenize_text(const api_model *am, const char *what, const char *text, size_t len, bool add_bos,
+static int tokenize_text(blade_engine *e, const char *what, const char *text, size_t len, bool add_bos,
                          api_prompt *p, api_error *err)
 {
-    const blade_tokenizer *tok = am->model->tokenizer;
-    int32_t ctx = blade_engine_max_context(am->engine);
+    const blade_tokenizer *tok = blade_engine_model(e)->tokenizer;
+    int32_t ctx = blade_engine_max_context(e);
     size_t per_token = blade_tokenizer_max_token_bytes(tok);
     if (len / (per_token ? per_token : 1) > (size_t)ctx)
         return api_bad_request(err, what,
@@ -180,18 +180,20 @@ static int detokenize(const api_model *am, api_prompt *p)
     return p->text ? 0 : -1;
 }
 
-static int token_array(const api_model *am, json_t *arr, const char *name, api_prompt *p, api_error *err)
+/* param: the parameter errors name ("prompt" or "input"); an embedding input may fill the
+ * whole context, a prompt must leave room for the completion. */
+static int token_array(blade_engine *e, json_t *arr, const char *param, const char *name, api_prompt *p,
+                       api_error *err)
 {
     size_t n = json_array_size(arr);
-    int32_t ctx = blade_engine_max_context(am->engine);
-    int32_t n_vocab = am->model->hp.n_vocab;
+    int32_t ctx = blade_engine_max_context(e);
+    int32_t n_vocab = blade_engine_model(e)->hp.n_vocab;
+    bool embed = !strcmp(param, "input");
     if (n == 0)
-        return api_bad_request(err, "prompt", "'%s' is an empty token array", name), -1;
-    if (n >= (size_t)ctx)
-        return api_bad_request(err, "prompt",
-                               "This model's maximum context length is %d tokens, but %s has %zu tokens, leaving no "
-                               "room for the completion",
-                               ctx, name, n),
+        return api_bad_request(err, param, "'%s' is an empty token array", name), -1;
+    if (n > (size_t)ctx || (!embed && n == (size_t)ctx))
+        return api_bad_request(err, param, "This model's maximum context length is %d tokens, but %s has %zu tokens%s",
+                               ctx, name, n, embed ? "" : ", leaving no room for the completion"),
                -1;
     if (!(p->tokens = malloc(n * sizeof *p->tokens)))
         return api_error_set(err, 500, "server_error", NULL, NULL, "out of memory"), -1;
@@ -201,10 +203,9 @@ static int token_array(const api_model *am, json_t *arr, const char *name, api_p
         snprintf(elem, sizeof elem, "%s[%zu]", name, i);
         long long id;
         if (!json_is_integer(v))
-            return api_bad_request(err, "prompt", "'%s' must be a token id (an integer), got %s", elem, kind_name(v)),
-                   -1;
+            return api_bad_request(err, param, "'%s' must be a token id (an integer), got %s", elem, kind_name(v)), -1;
         if (int_value(v, elem, 0, n_vocab - 1, &id, err)) {
-            snprintf(err->param, sizeof err->param, "prompt");
+            snprintf(err->param, sizeof err->param, "%s", param);
             return -1;
         }
         p->tokens[i] = (int32_t)id;
@@ -224,7 +225,7 @@ static int parse_prompt(const api_model *am, json_t *body, api_request *r, api_e
         api_prompt *p = &r->prompts[0];
         if (copy_text(p, json_string_value(prompt), json_string_length(prompt)))
             return api_error_set(err, 500, "server_error", NULL, NULL, "out of memory"), -1;
-        return tokenize_text(am, "prompt", p->text, p->text_len, true, p, err);
+        return tokenize_text(am->engine, "prompt", p->text, p->text_len, true, p, err);
     }
     if (!json_is_array(prompt))
         return api_bad_request(err, "prompt",
@@ -239,7 +240,7 @@ static int parse_prompt(const api_model *am, json_t *body, api_request *r, api_e
     if (json_is_integer(first)) {
         if (add_prompt(r))
             return api_error_set(err, 500, "server_error", NULL, NULL, "out of memory"), -1;
-        return token_array(am, prompt, "prompt", &r->prompts[0], err);
+        return token_array(am->engine, prompt, "prompt", "prompt", &r->prompts[0], err);
     }
     if (!json_is_string(first) && !json_is_array(first))
         return api_bad_request(err, "prompt",
@@ -264,11 +265,110 @@ static int parse_prompt(const api_model *am, json_t *body, api_request *r, api_e
         if (json_is_string(v)) {
             if (copy_text(p, json_string_value(v), json_string_length(v)))
                 return api_error_set(err, 500, "server_error", NULL, NULL, "out of memory"), -1;
-            if (tokenize_text(am, name, p->text, p->text_len, true, p, err))
+            if (tokenize_text(am->engine, name, p->text, p->text_len, true, p, err))
                 return -1;
-        } else if (token_array(am, v, name, p, err)) {
+        } else if (token_array(am->engine, v, "prompt", name, p, err)) {
             return -1;
         }
+    }
+    return 0;
+}
+
+/* 'user' is only recorded by OpenAI; here it must merely be a string. */
+static int check_user(json_t *body, api_error *err)
+{
+    json_t *user = field(body, "user");
+    if (user && !json_is_string(user))
+        return api_bad_request(err, "user", "'user' must be a string, got %s", kind_name(user)), -1;
+    return 0;
+}
+
+/* ---- embedding inputs ---- */
+
+/* 'input' as OpenAI takes it: a string, an array of strings, an array of token ids, or an
+ * array of token id arrays. Empty strings are refused, as OpenAI does. */
+static int parse_input(const api_model *am, json_t *body, api_request *r, api_error *err)
+{
+    json_t *input = field(body, "input");
+    if (!input)
+        return api_bad_request(err, "input", "'input' is required"), -1;
+    json_t *one = json_array();
+    if (!one)
+        return api_error_set(err, 500, "server_error", NULL, NULL, "out of memory"), -1;
+    json_t *list = input;
+    bool tokens_list = json_is_array(input) && json_array_size(input) > 0 && json_is_integer(json_array_get(input, 0));
+    if (json_is_string(input) || tokens_list) {
+        json_array_append(one, input);
+        list = one;
+    }
+    int rc = -1;
+    size_t n = json_is_array(list) ? json_array_size(list) : 0;
+    if (!json_is_array(list))
+        api_bad_request(err, "input",
+                        "'input' must be a string, an array of strings, an array of token ids or an array of token "
+                        "id arrays, got %s",
+                        kind_name(input));
+    else if (n == 0)
+        api_bad_request(err, "input", "'input' is an empty array");
+    else if (n > API_MAX_EMBED_INPUTS)
+        api_bad_request(err, "input", "'input' holds %zu inputs; at most %d are allowed in one request", n,
+                        API_MAX_EMBED_INPUTS);
+    else
+        rc = 0;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        json_t *v = json_array_get(list, i);
+        char name[32];
+        snprintf(name, sizeof name, list == one ? "input" : "input[%zu]", i);
+        rc = -1;
+        if (add_prompt(r)) {
+            api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+            break;
+        }
+        api_prompt *p = &r->prompts[r->n_prompts - 1];
+        if (json_is_string(v)) {
+            if (json_string_length(v) == 0)
+                api_bad_request(err, "input", "'%s' is an empty string", name);
+            else if (copy_text(p, json_string_value(v), json_string_length(v)))
+                api_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+            else
+                rc = tokenize_text(am->embed_engine, name, p->text, p->text_len, true, p, err);
+        } else if (json_is_array(v)) {
+            rc = token_array(am->embed_engine, v, "input", name, p, err);
+        } else {
+            api_bad_request(err, "input", "'%s' must be a string or an array of token ids, got %s", name,
+                            kind_name(v));
+        }
+    }
+    json_decref(one);
+    return rc;
+}
+
+/* The rest of an embeddings request: the model, the encoding and the dimensions. Each
+ * input must fit the context and the KV pool (it is computed like a prompt). */
+static int parse_embeddings(const api_model *am, json_t *body, api_request *r, api_error *err)
+{
+    json_t *fmt = field(body, "encoding_format");
+    if (fmt) {
+        const char *f = json_is_string(fmt) ? json_string_value(fmt) : "";
+        if (strcmp(f, "float") && strcmp(f, "base64"))
+            return api_bad_request(err, "encoding_format", "'encoding_format' must be \"float\" or \"base64\""), -1;
+        r->base64 = !strcmp(f, "base64");
+    }
+    long long dims = 0;
+    int32_t n_embd = am->embed_model->hp.n_embd;
+    if (get_int(body, "dimensions", 1, n_embd, &dims, NULL, err))
+        return -1;
+    r->dimensions = (int32_t)dims;
+    if (parse_input(am, body, r, err))
+        return -1;
+    int64_t kv = blade_engine_kv_tokens(am->embed_engine);
+    for (int32_t i = 0; i < r->n_prompts; i++) {
+        if (r->prompts[i].n_tokens == 0)
+            return api_bad_request(err, "input", "input %d has no tokens", i), -1;
+        if (r->prompts[i].n_tokens > kv)
+            return api_bad_request(err, "input", "input %d has %d tokens but the server's KV cache holds %lld tokens",
+                                   i, r->prompts[i].n_tokens, (long long)kv),
+                   -1;
     }
     return 0;
 }
@@ -412,7 +512,7 @@ static int parse_messages(const api_model *am, json_t *body, api_request *r, api
     p->text = text;
     p->text_len = len;
     /* The template writes BOS and other special tokens itself. */
-    return tokenize_text(am, "messages", text, len, false, p, err);
+    return tokenize_text(am->engine, "messages", text, len, false, p, err);
 }
 
 /* ---- the rest of the body ---- */
@@ -653,6 +753,11 @@ int api_parse(const api_model *am, api_endpoint ep, json_t *body, api_request *r
                       am->names[0]);
         goto fail;
     }
+    if (ep == API_EMBEDDINGS) {
+        if (check_user(body, err) || parse_embeddings(am, body, r, err))
+            goto fail;
+        return 0;
+    }
     long long n = 1;
     if (get_int(body, "n", 1, API_MAX_N, &n, NULL, err))
         goto fail;
@@ -676,11 +781,14 @@ int api_parse(const api_model *am, api_endpoint ep, json_t *body, api_request *r
         goto fail;
     if (get_bool(body, "ignore_eos", &r->ignore_eos, err))
         goto fail;
-    json_t *user = field(body, "user");
-    if (user && !json_is_string(user)) {
-        api_bad_request(err, "user", "'user' must be a string, got %s", kind_name(user));
+    json_t *sc = field(body, "semantic_cache");
+    if (sc && !json_is_boolean(sc)) {
+        api_bad_request(err, "semantic_cache", "'semantic_cache' must be a boolean, got %s", kind_name(sc));
         goto fail;
     }
+    r->semantic_cache = sc ? json_is_true(sc) : -1;
+    if (check_user(body, err))
+        goto fail;
     json_t *prio = field(body, "priority");
     if (prio) {
         const char *p = json_is_string(prio) ? json_string_value(prio) : NULL;

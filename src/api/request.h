@@ -1,8 +1,8 @@
 #ifndef BLADE_API_REQUEST_H
 #define BLADE_API_REQUEST_H
 
-/* Request bodies of /v1/completions and /v1/chat/completions, validated into what the
- * engine runs: every refusal names the parameter and what was wrong.
+/* Request bodies of /v1/completions, /v1/chat/completions and /v1/embeddings, validated
+ * into what the engine runs: every refusal names the parameter and what was wrong.
  *
  * Limits (documented in `blade serve --help`): at most API_MAX_STOP stop strings of 1 to
  * API_MAX_STOP_BYTES bytes each (the stop matcher runs on the engine thread for every
@@ -26,10 +26,12 @@
 #define API_MAX_LOGPROBS 5      /* completions: logprobs 0..5, as OpenAI */
 #define API_MAX_TOP_LOGPROBS 20 /* chat: top_logprobs 0..20, as OpenAI */
 #define API_MAX_CACHE_SALT 256
+#define API_MAX_EMBED_INPUTS 2048 /* inputs of one embeddings request, as OpenAI */
 
 typedef enum api_endpoint {
     API_COMPLETIONS,
-    API_CHAT
+    API_CHAT,
+    API_EMBEDDINGS
 } api_endpoint;
 
 typedef struct api_prompt {
@@ -58,6 +60,13 @@ typedef struct api_request {
     /* Disaggregated serving: the first prompt's KV, computed by a prefill worker (not owned;
      * its staging store passes to the engine when the job is submitted). */
     blade_kv_import *import;
+    /* embeddings: base64 instead of float arrays; the first `dimensions` values,
+     * renormalised (0: all) */
+    bool base64;
+    int32_t dimensions;
+    /* "semantic_cache": -1 absent, 0 false (bypass the cache), 1 true (store the answer
+     * even when sampled) */
+    int semantic_cache;
 } api_request;
 
 /* Parses and validates a request body (bytes as received): 0, or -1 with err set (400 for

@@ -10,6 +10,7 @@
 #include "common/utf8.h"
 
 #include <math.h>
+#include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -139,9 +140,12 @@ static json_t *usage_json(const api_job *job)
 
 static json_t *envelope(const api_job *job, const char *object)
 {
-    return json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", job->id, "object", object, "created",
-                     (json_int_t)job->created, "model", job->am->names[0], "system_fingerprint",
-                     job->am->fingerprint);
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", job->id, "object", object, "created",
+                          (json_int_t)job->created, "model", job->am->names[0], "system_fingerprint",
+                          job->am->fingerprint);
+    if (o && job->note)
+        json_object_set(o, job->note_key, job->note);
+    return o;
 }
 
 /* ---- streaming ---- */
@@ -228,12 +232,67 @@ void api_job_stream_end(const api_job *job, api_buf *sse)
     api_buf_append(sse, "data: [DONE]\n\n", 14);
 }
 
+/* ---- embeddings ---- */
+
+/* The first `dims` values renormalised to unit length (all of them, already unit, when
+ * dims is 0), as floats or as base64 of their little-endian bytes (OpenAI's encoding). */
+static json_t *embedding_json(const api_choice *c, int32_t dims, bool base64)
+{
+    int32_t n = dims > 0 && dims < c->n_embedding ? dims : c->n_embedding;
+    float *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v)
+        return NULL;
+    double norm = 0;
+    for (int32_t i = 0; i < n; i++)
+        norm += (double)c->embedding[i] * c->embedding[i];
+    norm = sqrt(norm);
+    for (int32_t i = 0; i < n; i++)
+        v[i] = n == c->n_embedding || norm == 0 ? c->embedding[i] : (float)(c->embedding[i] / norm);
+    json_t *out = NULL;
+    if (base64) {
+        size_t bytes = (size_t)n * sizeof *v;
+        unsigned char *text = malloc(4 * ((bytes + 2) / 3) + 1);
+        if (text) {
+            unsigned char *le = (unsigned char *)v; /* blade runs on little-endian x86-64 only */
+            int len = EVP_EncodeBlock(text, le, (int)bytes);
+            out = json_stringn((const char *)text, (size_t)len);
+            free(text);
+        }
+    } else {
+        out = json_array();
+        for (int32_t i = 0; out && i < n; i++)
+            json_array_append_new(out, json_real(v[i]));
+    }
+    free(v);
+    return out;
+}
+
+static json_t *embeddings_response(const api_job *job)
+{
+    json_t *data = json_array();
+    for (int32_t i = 0; i < job->n_choices; i++) {
+        json_t *e = embedding_json(&job->choices[i], job->req.dimensions, job->req.base64);
+        if (!e) {
+            json_decref(data);
+            return api_error_json(&job->lost_error);
+        }
+        json_array_append_new(data, json_pack("{s:s, s:I, s:o}", "object", "embedding", "index", (json_int_t)i,
+                                              "embedding", e));
+    }
+    int64_t p, c, k;
+    api_job_usage(job, &p, &c, &k);
+    return json_pack("{s:s, s:o, s:s, s:{s:I, s:I}}", "object", "list", "data", data, "model", job->am->names[0],
+                     "usage", "prompt_tokens", (json_int_t)p, "total_tokens", (json_int_t)p);
+}
+
 /* ---- the whole response ---- */
 
 json_t *api_job_response(const api_job *job)
 {
     if (api_job_status(job) != 200)
         return api_error_json(api_job_error(job));
+    if (job->req.ep == API_EMBEDDINGS)
+        return embeddings_response(job);
     bool chat = job->req.ep == API_CHAT;
     json_t *resp = envelope(job, chat ? "chat.completion" : "text_completion");
     json_t *choices = json_array();

@@ -37,6 +37,8 @@ typedef struct api_event {
     const char *error;
     size_t text_len;
     char *text;
+    float *embedding; /* an embedding request's vector, n_embedding floats (in storage) */
+    int32_t n_embedding;
     bool preallocated; /* the job's spare, kept for running out of memory: the job frees it */
     char storage[];    /* text, then error */
 } api_event;

@@ -62,8 +62,8 @@ const cli_command cli_cmd_batch = {
     .synopsis = "-m MODEL -i REQUESTS.jsonl -o RESULTS.jsonl [options]",
     .about =
         "Runs an OpenAI Batch API file through the engine in the batch traffic class. Each input line is\n"
-        "  {\"custom_id\": ID, \"method\": \"POST\", \"url\": \"/v1/completions\" or \"/v1/chat/completions\",\n"
-        "   \"body\": {...}}\n"
+        "  {\"custom_id\": ID, \"method\": \"POST\", \"url\": \"/v1/completions\", \"/v1/chat/completions\" or\n"
+        "   \"/v1/embeddings\", \"body\": {...}}\n"
         "and gives one output line, in the order requests finish (match them by custom_id):\n"
         "  {\"id\", \"custom_id\", \"response\": {\"status_code\", \"request_id\", \"body\"}, \"error\": null}\n"
         "A body the API refuses gets its status code and OpenAI error object as the response; a line that\n"
@@ -217,13 +217,16 @@ static void start_line(batch_run *b, const char *text, size_t len)
     }
     v = json_object_get(req, "url");
     url = json_is_string(v) ? json_string_value(v) : NULL;
-    if (!url || (strcmp(url, "/v1/completions") && strcmp(url, "/v1/chat/completions"))) {
+    if (!url || (strcmp(url, "/v1/completions") && strcmp(url, "/v1/chat/completions") &&
+                 strcmp(url, "/v1/embeddings"))) {
         line_error(b, it, "invalid_url",
-                   "line %ld: 'url' must be \"/v1/completions\" or \"/v1/chat/completions\", got %.100s%s%s", ln,
-                   url ? "\"" : "", url ? url : "a non-string", url ? "\"" : "");
+                   "line %ld: 'url' must be \"/v1/completions\", \"/v1/chat/completions\" or \"/v1/embeddings\", "
+                   "got %.100s%s%s",
+                   ln, url ? "\"" : "", url ? url : "a non-string", url ? "\"" : "");
         goto done;
     }
-    ep = strcmp(url, "/v1/completions") ? API_CHAT : API_COMPLETIONS;
+    ep = !strcmp(url, "/v1/completions") ? API_COMPLETIONS : !strcmp(url, "/v1/chat/completions") ? API_CHAT
+                                                                                                    : API_EMBEDDINGS;
     v = json_object_get(req, "body");
     if (!json_is_object(v)) {
         line_error(b, it, "invalid_body", "line %ld: 'body' must be a JSON object with the request, got %s", ln,

@@ -332,7 +332,8 @@ const cli_command cli_cmd_bench = {
              "  blade bench engine -m MODEL --workload W     the engine's techniques against their baselines\n"
              "  blade bench serve --url URL --workload W     measure an OpenAI-compatible endpoint\n"
              "  blade bench ablation -m MODEL --workload W   what each serving technique buys\n"
-             "  blade bench compare BASE.json NEW.json       fail on a performance regression\n",
+             "  blade bench compare BASE.json NEW.json       fail on a performance regression\n"
+             "  blade bench semantic-cache                   the semantic cache's lookup latency and memory\n",
     .tables = (const cli_table[]){{bench_flags, 0}, {0}},
     .opts_size = sizeof(bench_options),
     .init = bench_init,

@@ -35,6 +35,9 @@ static const struct technique {
     {"prefix caching", {"--no-prefix-cache"}, {NULL}},
     {"chunked prefill", {"--no-chunked-prefill"}, {NULL}},
     {"8-bit KV cache (q8_0)", {"--kv-type", "f16"}, {"--kv-type", "q8_0"}},
+    /* off by default; answers only what repeats (the semantic workload), costs an embedding
+     * per miss everywhere else */
+    {"semantic cache", {NULL}, {"--semantic-cache"}},
 };
 #define N_TECHNIQUES (sizeof techniques / sizeof techniques[0])
 #define MAX_PASS 32
@@ -77,7 +80,7 @@ static bool pass_engine_flag(void *opts, const cli_flag *f, const char *value, F
     if (!is_engine_flag(f))
         return true;
     for (size_t t = 0; t < N_TECHNIQUES; t++)
-        if (!strcmp(techniques[t].off[0] + 2, f->name)) {
+        if (techniques[t].off[0] && !strcmp(techniques[t].off[0] + 2, f->name)) {
             fprintf(err, "error: --%s is what the ablation varies; it cannot be given\n", f->name);
             return false;
         }
@@ -115,10 +118,10 @@ const cli_command cli_cmd_bench_ablation = {
         "Reproduces what each serving technique buys. Starts `blade serve` (this binary) on a free loopback\n"
         "port once per configuration, from the naive baseline (static batching, contiguous KV reservation, no\n"
         "prefix cache, no chunked prefill, f16 KV) adding one technique at a time (continuous batching, paged\n"
-        "KV, prefix caching, chunked prefill, --kv-type q8_0: everything on), runs the same seeded workload\n"
-        "against each, stops it with SIGTERM, and prints one table: throughput, TTFT and TPOT p50/p99, KV\n"
-        "slot utilisation (token slots used / allocated, when /metrics exposes blade:kv_utilisation), cost\n"
-        "per million tokens, and each row's ratio to the baseline.\n"
+        "KV, prefix caching, chunked prefill, --kv-type q8_0, --semantic-cache: everything on), runs the same\n"
+        "seeded workload against each, stops it with SIGTERM, and prints one table: throughput, TTFT and\n"
+        "TPOT p50/p99, KV slot utilisation (token slots used / allocated, when /metrics exposes\n"
+        "blade:kv_utilisation), cost per million tokens, and each row's ratio to the baseline.\n"
         "Requests carry ignore_eos, so every configuration generates the same tokens. Each server's output\n"
         "goes to a temporary log, kept and named if it fails.\n",
     .tables = (const cli_table[]){{ablation_flags, 0},

@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 #include "cli/load_options.h"
 #include "cli/load_run.h"
+#include "loadgen/cache_report.h"
 #include "loadgen/html.h"
 
 #include <curl/curl.h>
@@ -130,9 +131,15 @@ static int bench_serve_main(int argc, char **argv)
     if (cli_load_run(&o, &t, tok, &res, &sum))
         goto out;
     lg_summary_print(stdout, &sum);
+    lg_cache_report cache;
+    lg_cache_report_make(&res, &cache);
+    if (o.wl.kind == LG_WORKLOAD_SEMANTIC)
+        lg_cache_report_print(stdout, &cache);
     config = serve_config(&o, &t);
     if (o.json_path) {
         json_t *doc = result_doc(&res, &sum, config);
+        if (o.wl.kind == LG_WORKLOAD_SEMANTIC)
+            json_object_set_new(doc, "semantic_cache", lg_cache_report_json(&cache));
         int w = cli_json_write(o.json_path, doc);
         json_decref(doc);
         if (w)

@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 #include "cli/serve_role.h"
+#include "cli/serve_cache.h"
 #include "server/server.h"
 
 #include <pthread.h>
@@ -18,6 +19,7 @@
 typedef struct serve_options {
     const char *model_path, *alias, *template_file;
     server_config sc;
+    cli_serve_cache cache;
     cli_engine_options engine;
     serve_role_options role;
 } serve_options;
@@ -28,6 +30,7 @@ static void serve_init(void *opts)
     o->sc = (server_config){.host = "127.0.0.1", .port = 8080, .max_body = 8u << 20, .max_queue = 256,
                             .timeout = 600, .drain_timeout = 30, .max_connections = 1024, .idle_timeout = 15,
                             .max_connections_per_ip = 256, .header_timeout = 10, .body_timeout = 60};
+    cli_serve_cache_init(&o->cache);
     cli_engine_options_init(&o->engine);
     serve_role_init(&o->role);
 }
@@ -91,9 +94,9 @@ static void serve_epilogue(FILE *out)
             "request limits: n <= %d; stop: at most %d strings of 1..%d bytes; completions logprobs 0..%d,\n"
             "chat top_logprobs 0..%d; at most %d prompts and %d choices per request; prompt + max_tokens\n"
             "within the context. Extensions: top_k, min_p, repetition_penalty, ignore_eos, priority\n"
-            "(\"interactive\" or \"batch\"), cache_salt.\n",
+            "(\"interactive\" or \"batch\"), cache_salt, semantic_cache. Embeddings: at most %d inputs.\n",
             API_MAX_N, API_MAX_STOP, API_MAX_STOP_BYTES, API_MAX_LOGPROBS, API_MAX_TOP_LOGPROBS, API_MAX_PROMPTS,
-            API_MAX_CHOICES);
+            API_MAX_CHOICES, API_MAX_EMBED_INPUTS);
 }
 
 static int serve_main(int argc, char **argv);
@@ -103,11 +106,14 @@ const cli_command cli_cmd_serve = {
     .summary = "serve the OpenAI API over HTTP (completions, chat, streaming, metrics)",
     .synopsis = "-m MODEL [options]",
     .about = "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions (both with\n"
-             "\"stream\": true for Server-Sent Events), GET /v1/models, GET /health (503 while loading or\n"
-             "draining) and GET /metrics (Prometheus). SIGTERM or SIGINT drains: new requests get 503,\n"
-             "in-flight ones finish (up to --drain-timeout), then the server exits with status 0.\n",
-    .tables = (const cli_table[]){{serve_flags, 0}, {cli_engine_flags, offsetof(serve_options, engine)},
-                                         {serve_role_flags, offsetof(serve_options, role)}, {0}},
+             "\"stream\": true for Server-Sent Events), POST /v1/embeddings, GET /v1/models, GET /health (503\n"
+             "while loading or draining) and GET /metrics (Prometheus). SIGTERM or SIGINT drains: new requests\n"
+             "get 503, in-flight ones finish (up to --drain-timeout), then the server exits with status 0.\n",
+    .tables = (const cli_table[]){{serve_flags, 0},
+                                  {cli_serve_cache_flags, offsetof(serve_options, cache)},
+                                  {cli_engine_flags, offsetof(serve_options, engine)},
+                                  {serve_role_flags, offsetof(serve_options, role)},
+                                  {0}},
     .opts_size = sizeof(serve_options),
     .init = serve_init,
     .epilogue = serve_epilogue,
@@ -175,7 +181,11 @@ static int serve_main(int argc, char **argv)
     if (api_model_init(&am, e, model_path, alias, template_file, &err))
         goto stop;
     have_am = true;
+    if (cli_serve_cache_start(&o.cache, &am, &eo, &err))
+        goto stop;
+    server_set_semantic_cache(srv, o.cache.cache);
     cli_engine_describe(stdout, &eo, e);
+    cli_serve_cache_describe(stdout, &o.cache, &am);
     if (cli_engine_pin_prefix(&eo, e)) {
         err.msg[0] = 0;
         goto stop;
@@ -211,6 +221,7 @@ stop:
         fprintf(stderr, "error: %s\n", err.msg);
     server_stop(srv);
     serve_role_stop(ro);
+    cli_serve_cache_stop(&o.cache);
     blade_engine_free(e, false);
     if (have_am)
         api_model_destroy(&am);

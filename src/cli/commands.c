@@ -24,6 +24,7 @@ const cli_command *const cli_commands[] = {
     &cli_cmd_bench_ablation,
     &cli_cmd_bench_compare,
     &cli_cmd_bench_kv_transfer,
+    &cli_cmd_bench_semcache,
     NULL,
 };
 

@@ -17,6 +17,7 @@ void cli_load_options_init(cli_load_options *o)
     o->request_rate = INFINITY;
     o->burstiness = 1;
     o->timeout = 600;
+    o->wl.exact_share = o->wl.reword_share = o->wl.near_miss_share = -1;
 }
 
 /* "N" or "A:B" with 1 <= A <= B. */
@@ -88,9 +89,21 @@ const cli_flag cli_load_flags[] = {
     {.name = "dataset", .kind = CLI_PATH, CLI_AT(L, wl.dataset_path), .metavar = "FILE",
      .help = "file: ShareGPT-style JSON [{\"conversations\": [{\"from\": \"human\", ...}, {\"from\": \"gpt\", "
              "...}]}]: the human turn is the prompt, the gpt turn's length in tokens the output length"},
+    {.name = "pool", .kind = CLI_INT, CLI_AT(L, wl.pool), .min = 1, .max = 1 << 20, .metavar = "N", .dflt = "50",
+     .help = "semantic: base prompts, asked first; the requests after them repeat one exactly, reword one (a "
+             "swap of neighbouring words, casing, punctuation), nearly miss one (one word replaced: alike, "
+             "asking something else) or are fresh. Prompts are --input-len words (default 12:20) of --text or "
+             "the vocabulary; requests opt in with \"semantic_cache\": true, and the report counts cache hits "
+             "(X-Blade-Semantic-Cache) per kind: a hit on a base, near-miss or fresh prompt is a false hit"},
+    {.name = "exact-share", .kind = CLI_DOUBLE, CLI_AT(L, wl.exact_share), .min = 0, .max = 1, .metavar = "X",
+     .dflt = "0.3", .help = "semantic: share of the requests after the pool that repeat a base prompt"},
+    {.name = "reword-share", .kind = CLI_DOUBLE, CLI_AT(L, wl.reword_share), .min = 0, .max = 1, .metavar = "X",
+     .dflt = "0.3", .help = "semantic: share that reword one"},
+    {.name = "near-miss-share", .kind = CLI_DOUBLE, CLI_AT(L, wl.near_miss_share), .min = 0, .max = 1,
+     .metavar = "X", .dflt = "0.2", .help = "semantic: share that nearly miss one (fresh: the rest)"},
     CLI_SECTION("load"),
     {.name = "num-requests", .kind = CLI_INT, CLI_AT(L, num_requests), .min = 1, .max = 0x1p40, .metavar = "N",
-     .dflt = "100; shared-prefix: G x P", .help = "requests to measure"},
+     .dflt = "100; shared-prefix: G x P; semantic: pool + 200", .help = "requests to measure"},
     {.name = "duration", .kind = CLI_DOUBLE, CLI_AT(L, duration), .min = 1e-3, .max = 1e7, .metavar = "S",
      .dflt = "", .help = "or: start requests for S seconds, then let those in flight finish"},
     {.name = "request-rate", .kind = CLI_DOUBLE, CLI_AT(L, request_rate), .min = 1e-6, .max = INFINITY,
@@ -171,6 +184,12 @@ json_t *cli_load_workload_json(const cli_load_options *o)
         json_object_set_new(j, "long_every", json_integer(c->long_every));
         break;
     case LG_WORKLOAD_FILE: json_object_set_new(j, "dataset", cli_json_path(c->dataset_path)); break;
+    case LG_WORKLOAD_SEMANTIC:
+        json_object_set_new(j, "pool", json_integer(c->pool));
+        json_object_set_new(j, "exact_share", json_real(c->exact_share));
+        json_object_set_new(j, "reword_share", json_real(c->reword_share));
+        json_object_set_new(j, "near_miss_share", json_real(c->near_miss_share));
+        break;
     default: break;
     }
     return j;

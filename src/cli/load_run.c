@@ -50,6 +50,7 @@ int cli_load_run(const cli_load_options *o, const cli_load_target *t, const blad
         .tok = tok,
         .prompt_text = o->prompt_text,
         .ignore_eos = o->ignore_eos,
+        .semantic_cache = o->wl.kind == LG_WORKLOAD_SEMANTIC,
         .num_requests = o->num_requests,
         .duration = o->duration,
         .request_rate = o->request_rate,

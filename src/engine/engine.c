@@ -5,7 +5,10 @@
 
 #include "engine/engine_internal.h"
 
+#include "blade/gguf.h"
+
 #include <openssl/evp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +48,27 @@ static void kv_fingerprint(const uint8_t model_id[BLADE_HASH_BYTES], const blade
     EVP_Digest(buf, sizeof buf, out, &len, EVP_sha256(), NULL);
 }
 
+const char *blade_pooling_name(blade_pooling p)
+{
+    static const char *const names[] = {"none", "model", "mean", "last"};
+    return p >= BLADE_POOL_NONE && p <= BLADE_POOL_LAST ? names[p] : "?";
+}
+
+/* The GGUF key {arch}.pooling_type (llama.cpp's numbering: 1 mean, 2 cls, 3 last). cls
+ * pools the first token, which a causal model computes from that token alone, so it means
+ * nothing here: such a file, like one without the key, is pooled by the mean. */
+static blade_pooling model_pooling(const blade_model *m)
+{
+    char key[96];
+    snprintf(key, sizeof key, "%s.pooling_type", blade_arch_name(m->hp.arch));
+    uint32_t type = 0;
+    bool present = false;
+    blade_error err = {{0}};
+    if (!gguf_get_u32(m->file, key, &type, &present, &err) || !present)
+        return BLADE_POOL_MEAN;
+    return type == 3 ? BLADE_POOL_LAST : BLADE_POOL_MEAN;
+}
+
 blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *cfg, blade_error *err)
 {
     blade_engine *e = calloc(1, sizeof *e);
@@ -79,6 +103,8 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
         runner_tokens = e->max_context;
     if (cfg->sched.max_seqs > runner_tokens)
         runner_tokens = cfg->sched.max_seqs;
+    e->runner_tokens = runner_tokens;
+    e->pooling = model_pooling(m);
     e->vocab.tok = m->tokenizer;
     e->vocab.n_vocab = m->hp.n_vocab;
     e->vocab.piece_cap = blade_tokenizer_max_token_bytes(m->tokenizer) + 16;
@@ -201,6 +227,7 @@ void blade_engine_free(blade_engine *e, bool drain)
     free(e->live_kv);
     free(e->batch);
     free(e->logits);
+    free(e->hidden);
     free(e->vocab.logprobs);
     blade_runner_free(e->runner);
     blade_scheduler_free(e->sched);
@@ -262,4 +289,9 @@ void blade_engine_kv_have(blade_engine *e, const uint8_t (*hashes)[BLADE_HASH_BY
 bool blade_engine_export_release(blade_engine *e, uint64_t id)
 {
     return blade_engine_abort(e, id);
+}
+
+blade_pooling blade_engine_pooling(const blade_engine *e)
+{
+    return e->pooling;
 }

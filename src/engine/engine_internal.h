@@ -48,6 +48,14 @@ typedef struct request_state {
     blade_kv_export export;
     int32_t *export_blocks;
     uint8_t (*export_hashes)[BLADE_HASH_BYTES];
+    /* An embedding request: how it pools, the sum of the rows of positions 0..pooled-1 so
+     * far (mean) and the last row (last; then the finished vector), n_embd each. A
+     * preempted sequence recomputes rows it already pooled: they are bit-identical and
+     * skipped. */
+    blade_pooling pooling;
+    double *pool_sum;
+    float *pool_last;
+    int32_t pooled;
     int32_t *tokens; /* prompt + generated, room for seq.max_total */
     int32_t cap_tokens;
     struct request_state *next_live, *prev_live;
@@ -85,6 +93,9 @@ struct blade_engine {
     request_state *live; /* every request known to the loop */
     blade_batch_seq *batch;
     float *logits;   /* [max_seqs][n_vocab] */
+    blade_pooling pooling; /* what BLADE_POOL_MODEL resolves to */
+    float *hidden;   /* [runner tokens][n_embd]: final hidden states of embedding rows, on first use */
+    int32_t runner_tokens;
     uint64_t computed_tokens, generated_tokens, finished;
     int32_t max_running;
     const blade_kv_cache_seq **live_kv; /* scratch for invariant checks */

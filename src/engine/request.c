@@ -37,6 +37,8 @@ void engine_request_free(request_state *r)
     free(r->export_hashes);
     request_output_destroy(&r->out);
     free(r->salt);
+    free(r->pool_sum);
+    free(r->pool_last);
     blade_kv_cache_seq_destroy(&r->seq.kv);
     free(r);
 }
@@ -47,7 +49,11 @@ static int validate_request(const blade_request *q, blade_error *err)
         return blade_error_set(err, "a request needs a callback");
     if (q->n < 1 || q->n > ENGINE_MAX_CHOICES)
         return blade_error_set(err, "n must be between 1 and %d, got %d", ENGINE_MAX_CHOICES, q->n);
-    if (q->max_tokens <= 0)
+    if (q->embed < BLADE_POOL_NONE || q->embed > BLADE_POOL_LAST)
+        return blade_error_set(err, "unknown pooling %d", (int)q->embed);
+    if (q->embed != BLADE_POOL_NONE && q->n != 1)
+        return blade_error_set(err, "an embedding request has one choice, got n = %d", q->n);
+    if (q->max_tokens <= 0 && q->embed == BLADE_POOL_NONE)
         return blade_error_set(err, "max_tokens must be at least 1, got %d", q->max_tokens);
     if (q->logprobs < -1 || q->logprobs > BLADE_MAX_TOP_LOGPROBS)
         return blade_error_set(err, "logprobs must be between 0 and %d, got %d", BLADE_MAX_TOP_LOGPROBS,
@@ -132,12 +138,17 @@ static int tokenize_prompt(const blade_engine *e, const blade_request *q, reques
         free(toks);
         return blade_error_set(err, "the prompt is empty");
     }
-    if (n >= (size_t)e->max_context) {
+    bool embed = q->embed != BLADE_POOL_NONE;
+    if (embed && n > (size_t)e->max_context) {
+        free(toks);
+        return blade_error_set(err, "the input has %zu tokens; the context limit is %d", n, e->max_context);
+    }
+    if (!embed && n >= (size_t)e->max_context) {
         free(toks);
         return blade_error_set(err, "the prompt has %zu tokens; the context limit is %d, leaving no room to generate",
                                n, e->max_context);
     }
-    int64_t total = (int64_t)n + q->max_tokens;
+    int64_t total = (int64_t)n + (embed ? 0 : q->max_tokens);
     if (total > e->max_context)
         total = e->max_context;
     int32_t *grown = realloc(toks, (size_t)total * sizeof *toks);
@@ -150,6 +161,22 @@ static int tokenize_prompt(const blade_engine *e, const blade_request *q, reques
     r->seq.n_tokens = (int32_t)n;
     r->seq.n_prompt = (int32_t)n;
     r->seq.max_total = (int32_t)total;
+    return 0;
+}
+
+/* An embedding request pools every row (mean: no prefix is reused, each row is needed) or
+ * the last one (last: a cached prefix is fine); pool_last also holds the finished vector. */
+static int embedding_init(const blade_engine *e, const blade_request *q, request_state *r, blade_error *err)
+{
+    r->pooling = q->embed == BLADE_POOL_MODEL ? e->pooling : q->embed;
+    size_t d = (size_t)e->m->hp.n_embd;
+    r->pool_last = calloc(d, sizeof *r->pool_last);
+    if (r->pooling == BLADE_POOL_MEAN) {
+        r->seq.compute_all = true;
+        r->pool_sum = calloc(d, sizeof *r->pool_sum);
+    }
+    if (!r->pool_last || (r->pooling == BLADE_POOL_MEAN && !r->pool_sum))
+        return blade_error_set(err, "out of memory");
     return 0;
 }
 
@@ -178,6 +205,10 @@ static request_state *new_choice(const blade_engine *e, const blade_request *q, 
         return NULL;
     }
     r->seq.tokens = r->tokens;
+    if (q->embed != BLADE_POOL_NONE && embedding_init(e, q, r, err)) {
+        engine_request_free(r);
+        return NULL;
+    }
     if (request_output_init(&r->out, &e->vocab, q, choice, r->tokens, r->seq.n_prompt, err)) {
         engine_request_free(r);
         return NULL;

@@ -170,3 +170,17 @@ void request_output_export(request_output *o, const blade_sched_seq *seq, int32_
     ev.text = "";
     o->callback(&ev);
 }
+
+void request_output_embedding(request_output *o, const blade_sched_seq *seq, const float *embedding, int32_t n)
+{
+    if (o->t_first_token == 0)
+        o->t_first_token = blade_clock_seconds();
+    blade_token_event ev = {0};
+    fill_usage(o, seq, &ev);
+    ev.token = -1;
+    ev.finish = BLADE_FINISH_STOP;
+    ev.text = "";
+    ev.embedding = embedding;
+    ev.n_embedding = n;
+    o->callback(&ev);
+}

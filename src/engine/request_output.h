@@ -73,6 +73,8 @@ void request_output_export(request_output *o, const blade_sched_seq *seq, int32_
 
 /* The last event of a choice that ends without a token (abort, error): token -1, no
  * text. */
+/* An embedding request's one event: its vector (n floats) and finish STOP. */
+void request_output_embedding(request_output *o, const blade_sched_seq *seq, const float *embedding, int32_t n);
 void request_output_finish(request_output *o, const blade_sched_seq *seq, blade_finish_reason why,
                            const char *error);
 

@@ -310,7 +310,7 @@ static void admit_waiting(blade_scheduler *s, blade_sched_plan *plan, int32_t *b
         if ((ignore_budget ? s->running.n : plan->n_items) >= seats)
             break;
         blade_sched_seq *seq = s->candidates[i];
-        if (seq->kv.n_blocks == 0)
+        if (seq->kv.n_blocks == 0 && !seq->compute_all)
             seq->n_computed = blade_kv_cache_match_prefix(s->kv, &seq->kv, seq->tokens, seq->n_tokens);
         int32_t needed = seq->n_tokens - seq->n_computed;
         int32_t take = ignore_budget ? 0 : chunk(s, needed, *budget, plan);

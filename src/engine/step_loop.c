@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +125,7 @@ static bool become_padding(blade_engine *e, request_state *r)
 static void end_request(blade_engine *e, request_state *r, blade_finish_reason why)
 {
     if (e->cfg.sched.mode == BLADE_SCHED_STATIC && why != BLADE_FINISH_ERROR && !e->quitting && !r->padding &&
+        r->pooling == BLADE_POOL_NONE &&
         r->seq.state == BLADE_SEQ_RUNNING && become_padding(e, r))
         return;
     retire(e, r);
@@ -219,6 +221,52 @@ static void emit_imported(blade_engine *e, request_state *r)
     }
 }
 
+/* ---- embeddings ---- */
+
+/* Adds one chunk's final hidden states (rows for positions pos0..pos0+n-1) to an embedding
+ * request's pooling, in position order, skipping rows a preempted sequence pools again. */
+static void pool_rows(const blade_engine *e, request_state *r, const float *rows, int32_t pos0, int32_t n)
+{
+    const int32_t d = e->m->hp.n_embd;
+    for (int32_t j = 0; j < n; j++) {
+        const float *row = rows + (size_t)j * d;
+        if (pos0 + j == r->seq.n_prompt - 1 && !r->pool_sum)
+            memcpy(r->pool_last, row, (size_t)d * sizeof *row);
+        if (!r->pool_sum || pos0 + j != r->pooled)
+            continue;
+        for (int32_t k = 0; k < d; k++)
+            r->pool_sum[k] += row[k];
+        r->pooled++;
+    }
+}
+
+/* The prompt is computed: the pooled vector, L2-normalised, is the request's one event. */
+static void finish_embedding(blade_engine *e, request_state *r)
+{
+    const int32_t d = e->m->hp.n_embd;
+    float *v = r->pool_last;
+    if (r->pool_sum)
+        for (int32_t k = 0; k < d; k++)
+            v[k] = (float)(r->pool_sum[k] / r->seq.n_prompt);
+    double norm = 0;
+    for (int32_t k = 0; k < d; k++)
+        norm += (double)v[k] * v[k];
+    norm = sqrt(norm);
+    for (int32_t k = 0; k < d; k++)
+        v[k] = norm > 0 ? (float)(v[k] / norm) : 0.0f;
+    request_output_embedding(&r->out, &r->seq, v, d);
+    e->finished++;
+    end_request(e, r, BLADE_FINISH_STOP);
+}
+
+/* Room for every batch row's final hidden state, made when the first embedding runs. */
+static float *hidden_rows(blade_engine *e)
+{
+    if (!e->hidden)
+        e->hidden = malloc((size_t)e->runner_tokens * (size_t)e->m->hp.n_embd * sizeof *e->hidden);
+    return e->hidden;
+}
+
 /* ---- the step ---- */
 
 /* Moves submitted choices onto the live list and carries out the aborts asked for. */
@@ -290,19 +338,32 @@ static void run_step(blade_engine *e)
     /* one ragged batch: each planned sequence's next chunk, one logits row where it ends */
     const int32_t n_vocab = e->m->hp.n_vocab;
     double t = blade_clock_seconds();
+    int32_t row = 0;
     for (int32_t i = 0; i < plan.n_items; i++) {
         blade_sched_item *it = &plan.items[i];
         request_state *r = (request_state *)it->seq;
         if (r->out.t_scheduled == 0)
             r->out.t_scheduled = t;
+        float *hidden = NULL;
+        if (r->pooling != BLADE_POOL_NONE) {
+            if (!(hidden = hidden_rows(e))) {
+                for (int32_t j = 0; j < plan.n_items; j++)
+                    finish(e, (request_state *)plan.items[j].seq, BLADE_FINISH_ERROR,
+                           "out of memory for the hidden states of an embedding");
+                return;
+            }
+            hidden += (size_t)row * e->m->hp.n_embd;
+        }
+        row += it->n_tokens;
         e->batch[i] = (blade_batch_seq){
             .tokens = r->tokens + r->seq.n_computed,
             .n_tokens = it->n_tokens,
             .pos0 = r->seq.n_computed,
             .block_table = r->seq.kv.blocks,
             .n_blocks = r->seq.kv.n_blocks,
-            .n_logits = it->want_logits ? 1 : 0,
+            .n_logits = it->want_logits && r->pooling == BLADE_POOL_NONE ? 1 : 0,
             .logits = e->logits + (size_t)i * n_vocab,
+            .hidden = hidden,
         };
     }
 
@@ -322,9 +383,16 @@ static void run_step(blade_engine *e)
     e->computed_tokens += (uint64_t)plan.n_tokens;
     if (plan.n_items > e->max_running)
         e->max_running = plan.n_items;
-    for (int32_t i = 0; i < plan.n_items; i++)
-        if (plan.items[i].want_logits)
-            emit_token(e, (request_state *)plan.items[i].seq, e->logits + (size_t)i * n_vocab);
+    for (int32_t i = 0; i < plan.n_items; i++) {
+        request_state *r = (request_state *)plan.items[i].seq;
+        if (r->pooling != BLADE_POOL_NONE) {
+            pool_rows(e, r, e->batch[i].hidden, e->batch[i].pos0, e->batch[i].n_tokens);
+            if (plan.items[i].want_logits)
+                finish_embedding(e, r);
+        } else if (plan.items[i].want_logits) {
+            emit_token(e, r, e->logits + (size_t)i * n_vocab);
+        }
+    }
     end_padding(e);
 }
 

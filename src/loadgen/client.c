@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <sys/time.h>
 #include <time.h>
@@ -254,6 +255,8 @@ typedef struct request {
     char *stream_error;
     int64_t usage_prompt, usage_completion;
     double start, last_byte;
+    int cache_tier; /* from X-Blade-Semantic-Cache */
+    float cache_similarity;
     char curl_error[CURL_ERROR_SIZE];
 } request;
 
@@ -419,6 +422,25 @@ static int render_text(const blade_tokenizer *tok, const int32_t *ids, int32_t n
     return out->failed ? -1 : 0;
 }
 
+/* A semantic cache hit announces itself in "X-Blade-Semantic-Cache: hit; tier=T;
+ * similarity=S". */
+static size_t on_header(char *data, size_t size, size_t n, void *user)
+{
+    request *q = user;
+    size_t len = size * n;
+    static const char name[] = "x-blade-semantic-cache:";
+    if (len > sizeof name && !strncasecmp(data, name, sizeof name - 1)) {
+        char line[160];
+        snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line ? len : sizeof line - 1), data);
+        const char *tier = strstr(line, "tier="), *sim = strstr(line, "similarity=");
+        if (tier && strstr(line, "hit"))
+            q->cache_tier = !strncmp(tier + 5, "exact", 5) ? 1 : 2;
+        if (sim)
+            q->cache_similarity = strtof(sim + 11, NULL);
+    }
+    return len;
+}
+
 static char *request_body(const lg_run_config *cfg, const lg_turn *t)
 {
     json_t *prompt;
@@ -441,6 +463,8 @@ static char *request_body(const lg_run_config *cfg, const lg_turn *t)
         return NULL;
     if (cfg->ignore_eos)
         json_object_set_new(o, "ignore_eos", json_true());
+    if (cfg->semantic_cache)
+        json_object_set_new(o, "semantic_cache", json_true());
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return s;
@@ -477,6 +501,8 @@ static int start_request(runner *r, session_slot *slot, blade_error *err)
     curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(q->body));
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_stream);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, q);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, q);
     curl_easy_setopt(h, CURLOPT_PRIVATE, q);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, q->curl_error);
     if (r->cfg->timeout > 0)
@@ -506,6 +532,9 @@ static int finish_request(runner *r, request *q, CURLcode code, lg_record *rec, 
     rec->max_tokens = t->output_len;
     rec->start = q->start - r->t0;
     rec->end = (q->last_byte > 0 ? q->last_byte : mono()) - r->t0;
+    rec->label = t->label;
+    rec->cache_tier = q->cache_tier;
+    rec->cache_similarity = q->cache_similarity;
     /* A last event the server closed the connection on, without the blank line after it. */
     if (code == CURLE_OK && q->sse.len > 0)
         handle_event(q, q->sse.data, q->last_byte);
@@ -541,7 +570,8 @@ static int finish_request(runner *r, request *q, CURLcode code, lg_record *rec, 
             goto oom;
     } else {
         rec->usage_reported = q->usage;
-        if (q->usage) {
+        /* a cache hit generates nothing (usage says 0) but delivers its text: counted here */
+        if (q->usage && !q->cache_tier) {
             rec->input_tokens = q->usage_prompt;
             rec->output_tokens = q->usage_completion;
         } else {

@@ -44,6 +44,9 @@ typedef struct lg_record {
     bool usage_reported;
     lg_failure failure;
     int http_status;       /* 0 when no response came */
+    lg_label label;        /* what the workload meant the request to be */
+    int cache_tier;        /* X-Blade-Semantic-Cache: 0 none, 1 exact, 2 semantic */
+    float cache_similarity;
     char *error;           /* what went wrong, for failures; malloc'd */
 } lg_record;
 
@@ -80,6 +83,7 @@ typedef struct lg_run_config {
     const blade_tokenizer *tok;      /* renders text prompts and counts tokens the server did not */
     bool prompt_text;                /* send prompts as text, not token ids */
     bool ignore_eos;                 /* add the "ignore_eos" extension (blade, vLLM) */
+    bool semantic_cache;             /* add "semantic_cache": true (blade): answers may be stored */
     int64_t num_requests;            /* 0: until the duration has passed (one of the two is set) */
     double duration;                 /* seconds during which new requests start; 0: no limit */
     double request_rate;             /* requests (sessions) per second; INFINITY: all at once */

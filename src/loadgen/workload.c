@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* Independent random streams, so that adding a draw to one part of a workload never
  * shifts the values of another. */
@@ -24,6 +25,10 @@ enum stream {
     STREAM_LONG,
     STREAM_FILE_ORDER,
     STREAM_WARMUP,
+    STREAM_SEM_CLASS,
+    STREAM_SEM_BASE,
+    STREAM_SEM_EDIT,
+    STREAM_SEM_FRESH,
 };
 
 typedef struct file_entry {
@@ -42,6 +47,8 @@ struct lg_workload {
     size_t n_pool;
     file_entry *entries; /* file workload, in the seed's shuffled order */
     size_t n_entries, n_skipped;
+    char **words; /* semantic workload: the words prompts are made of */
+    size_t n_words;
 };
 
 static const char *const kind_names[LG_WORKLOAD_COUNT] = {
@@ -50,7 +57,14 @@ static const char *const kind_names[LG_WORKLOAD_COUNT] = {
     [LG_WORKLOAD_MULTI_TURN] = "multi-turn",
     [LG_WORKLOAD_LONG_INTERFERENCE] = "long-interference",
     [LG_WORKLOAD_FILE] = "file",
+    [LG_WORKLOAD_SEMANTIC] = "semantic",
 };
+
+const char *lg_label_name(lg_label l)
+{
+    static const char *const names[LG_LABEL_COUNT] = {"none", "base", "exact", "reword", "near-miss", "fresh"};
+    return l < LG_LABEL_COUNT ? names[l] : "?";
+}
 
 const char *lg_workload_name(lg_workload_kind k)
 {
@@ -88,6 +102,18 @@ void lg_workload_resolve(lg_workload_config *c)
     case LG_WORKLOAD_LONG_INTERFERENCE:
         default_range(&c->input_len, 32, 32);
         default_range(&c->output_len, 128, 128);
+        break;
+    case LG_WORKLOAD_SEMANTIC: /* input in words */
+        default_range(&c->input_len, 12, 20);
+        default_range(&c->output_len, 32, 32);
+        if (c->pool <= 0)
+            c->pool = 50;
+        if (c->exact_share < 0)
+            c->exact_share = 0.3;
+        if (c->reword_share < 0)
+            c->reword_share = 0.3;
+        if (c->near_miss_share < 0)
+            c->near_miss_share = 0.2;
         break;
     default:
         default_range(&c->input_len, 256, 256);
@@ -183,6 +209,178 @@ static int make_pool(lg_workload *w, blade_error *err)
             w->pool[w->n_pool++] = id;
     if (!w->n_pool)
         return blade_error_set(err, "the tokenizer has no ordinary tokens to build prompts from");
+    return 0;
+}
+
+/* ---- the semantic workload ---- */
+
+static int single(lg_session *s, int32_t *tokens, int32_t n, int32_t output_len, blade_error *err);
+
+/* The distinct words prompts are made of: runs of letters in the --text's tokens as text,
+ * or in the vocabulary's ordinary entries, three letters or more. */
+static int make_words(lg_workload *w, blade_error *err)
+{
+    const int32_t *ids = w->n_text ? w->text : w->pool;
+    size_t n = w->n_text ? w->n_text : w->n_pool;
+    size_t cap = blade_tokenizer_max_token_bytes(w->tok) + 8;
+    char *piece = malloc(cap);
+    char *text = NULL;
+    size_t len = 0, text_cap = 0;
+    if (!piece)
+        return blade_error_set(err, "out of memory");
+    blade_detokenizer d;
+    blade_detokenizer_init(&d, w->tok, false);
+    for (size_t i = 0; i < n; i++) {
+        size_t m = blade_detokenizer_push(&d, ids[i], piece, cap);
+        if (len + m + 2 > text_cap) {
+            text_cap = (len + m + 2) * 2;
+            char *grown = realloc(text, text_cap);
+            if (!grown) {
+                free(text);
+                free(piece);
+                return blade_error_set(err, "out of memory");
+            }
+            text = grown;
+        }
+        memcpy(text + len, piece, m);
+        len += m;
+        if (!w->n_text)
+            text[len++] = ' '; /* vocabulary entries are words of their own */
+    }
+    free(piece);
+    for (size_t i = 0; i < len;) {
+        size_t j = i;
+        while (j < len && ((text[j] | 32) >= 'a' && (text[j] | 32) <= 'z'))
+            j++;
+        if (j - i >= 3) {
+            bool seen = false;
+            for (size_t k = 0; k < w->n_words && !seen; k++)
+                seen = strlen(w->words[k]) == j - i && !strncasecmp(w->words[k], text + i, j - i);
+            char **grown = seen ? w->words : realloc(w->words, (w->n_words + 1) * sizeof *grown);
+            if (!seen && grown) {
+                w->words = grown;
+                if ((w->words[w->n_words] = strndup(text + i, j - i)))
+                    w->n_words++;
+            }
+        }
+        i = j > i ? j : i + 1;
+    }
+    free(text);
+    if (w->n_words < 16)
+        return blade_error_set(err, "the semantic workload needs at least 16 distinct words of 3+ letters in %s, found "
+                               "%zu", w->n_text ? w->cfg.text_path : "the vocabulary", w->n_words);
+    return 0;
+}
+
+/* A prompt as word indices: base b's are drawn from its own stream. */
+static int32_t base_words(const lg_workload *w, uint64_t stream_index, enum stream st, int32_t *out)
+{
+    blade_rng r;
+    stream_rng(w, st, stream_index, &r);
+    int32_t n = draw(&r, w->cfg.input_len);
+    for (int32_t i = 0; i < n; i++)
+        out[i] = (int32_t)(blade_rng_next(&r) % w->n_words);
+    return n;
+}
+
+/* The words as a sentence: the first capitalised, a question mark at the end; a reworded
+ * prompt may change both. */
+static char *words_text(const lg_workload *w, const int32_t *ix, int32_t n, bool lower_first, const char *end)
+{
+    size_t len = 0;
+    for (int32_t i = 0; i < n; i++)
+        len += strlen(w->words[ix[i]]) + 1;
+    char *t = malloc(len + strlen(end) + 1);
+    if (!t)
+        return NULL;
+    size_t at = 0;
+    for (int32_t i = 0; i < n; i++) {
+        size_t m = strlen(w->words[ix[i]]);
+        memcpy(t + at, w->words[ix[i]], m);
+        if (i == 0)
+            t[at] = (char)(lower_first ? (t[at] | 32) : (t[at] & ~32));
+        else
+            for (size_t k = 0; k < m; k++)
+                t[at + k] = (char)(t[at + k] | 32);
+        at += m;
+        if (i + 1 < n)
+            t[at++] = ' ';
+    }
+    strcpy(t + at, end);
+    return t;
+}
+
+static lg_label semantic_label(const lg_workload *w, int64_t index)
+{
+    const lg_workload_config *c = &w->cfg;
+    if (index < c->pool)
+        return LG_LABEL_BASE;
+    blade_rng r;
+    stream_rng(w, STREAM_SEM_CLASS, (uint64_t)index, &r);
+    double u = blade_rng_uniform(&r);
+    if (u < c->exact_share)
+        return LG_LABEL_EXACT;
+    if (u < c->exact_share + c->reword_share)
+        return LG_LABEL_REWORD;
+    if (u < c->exact_share + c->reword_share + c->near_miss_share)
+        return LG_LABEL_NEAR_MISS;
+    return LG_LABEL_FRESH;
+}
+
+/* Request `index`: a base prompt (the first pool requests), or by its drawn class one of
+ * them repeated, reworded or nearly missed, or a fresh prompt. */
+static int semantic(const lg_workload *w, int64_t index, lg_session *s, blade_error *err)
+{
+    const lg_workload_config *c = &w->cfg;
+    lg_label label = semantic_label(w, index);
+    int32_t *ix = malloc((size_t)(c->input_len.hi + 1) * sizeof *ix);
+    if (!ix)
+        return blade_error_set(err, "out of memory");
+    blade_rng r;
+    stream_rng(w, STREAM_SEM_EDIT, (uint64_t)index, &r);
+    uint64_t base = label == LG_LABEL_BASE ? (uint64_t)index : blade_rng_next(&r) % (uint64_t)c->pool;
+    int32_t n = label == LG_LABEL_FRESH ? base_words(w, (uint64_t)index, STREAM_SEM_FRESH, ix)
+                                        : base_words(w, base, STREAM_SEM_BASE, ix);
+    bool lower_first = false;
+    const char *end = "?";
+    if (label == LG_LABEL_REWORD) {
+        /* one or two edits that keep the question: swap two neighbours, casing, punctuation */
+        int edits = 1 + (int)(blade_rng_next(&r) % 2);
+        for (int e = 0; e < edits; e++) {
+            switch (blade_rng_next(&r) % 3) {
+            case 0: {
+                int32_t i = n > 1 ? (int32_t)(blade_rng_next(&r) % (uint64_t)(n - 1)) : 0;
+                int32_t t = ix[i];
+                ix[i] = ix[i + (n > 1)];
+                ix[i + (n > 1)] = t;
+                break;
+            }
+            case 1: lower_first = true; break;
+            default: end = blade_rng_next(&r) % 2 ? "" : " ?"; break;
+            }
+        }
+    } else if (label == LG_LABEL_NEAR_MISS) {
+        int32_t i = (int32_t)(blade_rng_next(&r) % (uint64_t)n);
+        int32_t other;
+        do
+            other = (int32_t)(blade_rng_next(&r) % w->n_words);
+        while (other == ix[i]);
+        ix[i] = other;
+    }
+    char *text = words_text(w, ix, n, lower_first, end);
+    free(ix);
+    if (!text)
+        return blade_error_set(err, "out of memory");
+    int32_t *tokens = NULL;
+    size_t n_tokens = 0;
+    int rc = blade_tokenizer_encode(w->tok, text, strlen(text), w->bos, false, &tokens, &n_tokens, err);
+    free(text);
+    if (rc)
+        return -1;
+    stream_rng(w, STREAM_SEM_BASE, base, &r); /* the answer's length goes with the question */
+    if (single(s, tokens, (int32_t)n_tokens, draw(&r, c->output_len), err))
+        return -1;
+    s->turns[0].label = label;
     return 0;
 }
 
@@ -287,6 +485,7 @@ static int64_t longest_request(const lg_workload_config *c)
     case LG_WORKLOAD_SHARED_PREFIX: return c->prefix_len + in + out;
     case LG_WORKLOAD_MULTI_TURN: return (int64_t)c->turns * (in + out);
     case LG_WORKLOAD_LONG_INTERFERENCE: return (c->long_len > in ? c->long_len : in) + out;
+    case LG_WORKLOAD_SEMANTIC: return 4 * (in + 2) + out; /* a word is a few tokens at most, mostly one */
     default: return in + out;
     }
 }
@@ -323,6 +522,16 @@ lg_workload *lg_workload_new(const lg_workload_config *cfg, const blade_tokenize
         goto fail;
     if (c->text_path && load_text(w, err))
         goto fail;
+    if (c->kind == LG_WORKLOAD_SEMANTIC) {
+        if (c->exact_share + c->reword_share + c->near_miss_share > 1 || c->exact_share < 0 || c->reword_share < 0 ||
+            c->near_miss_share < 0) {
+            blade_error_set(err, "--exact-share, --reword-share and --near-miss-share must each be >= 0 and add up "
+                                 "to at most 1");
+            goto fail;
+        }
+        if (make_words(w, err))
+            goto fail;
+    }
     if (c->kind == LG_WORKLOAD_FILE) {
         if (!c->dataset_path) {
             blade_error_set(err, "the file workload needs --dataset FILE (ShareGPT-style JSON)");
@@ -344,6 +553,9 @@ void lg_workload_free(lg_workload *w)
     for (size_t i = 0; i < w->n_entries; i++)
         free(w->entries[i].tokens);
     free(w->entries);
+    for (size_t i = 0; i < w->n_words; i++)
+        free(w->words[i]);
+    free(w->words);
     free(w->text);
     free(w->pool);
     free(w);
@@ -369,6 +581,8 @@ int64_t lg_workload_default_requests(const lg_workload_config *c)
 {
     if (c->kind == LG_WORKLOAD_SHARED_PREFIX)
         return (int64_t)c->groups * c->prompts_per_group;
+    if (c->kind == LG_WORKLOAD_SEMANTIC)
+        return c->pool + 200;
     return 100;
 }
 
@@ -465,6 +679,7 @@ int lg_workload_session(const lg_workload *w, int64_t index, lg_session *s, blad
             in = c->long_len;
         return single(s, prompt(w, &r, in), in, out, err);
     }
+    case LG_WORKLOAD_SEMANTIC: return semantic(w, index, s, err);
     case LG_WORKLOAD_FILE: {
         const file_entry *e = &w->entries[(size_t)index % w->n_entries];
         int32_t *t = malloc((size_t)e->n_tokens * sizeof *t);

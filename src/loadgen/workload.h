@@ -26,6 +26,10 @@ typedef enum lg_workload_kind {
     LG_WORKLOAD_MULTI_TURN,        /* conversations of --turns turns, each extending the last */
     LG_WORKLOAD_LONG_INTERFERENCE, /* short prompts with long outputs, one in --long-every very long */
     LG_WORKLOAD_FILE,              /* ShareGPT-style conversations from --dataset */
+    /* for the semantic cache: --pool base prompts (text of --input-len words), then exact
+     * repeats, reworded variants (a word swap, casing, punctuation), near misses (one word
+     * replaced: alike, but asking something else) and fresh prompts in the given shares */
+    LG_WORKLOAD_SEMANTIC,
     LG_WORKLOAD_COUNT
 } lg_workload_kind;
 
@@ -51,6 +55,10 @@ typedef struct lg_workload_config {
     const char *text_path;    /* prompt content; NULL: the vocabulary */
     const char *dataset_path; /* file workload */
     int64_t dataset_limit;    /* file: usable conversations to prepare; 0: all */
+    /* semantic: base prompts, and the shares of requests after them that repeat one
+     * exactly, reword one, or nearly miss one (the rest are fresh); < 0: the default */
+    int32_t pool;
+    double exact_share, reword_share, near_miss_share;
 } lg_workload_config;
 
 /* Fills the zero fields with the kind's defaults. */
@@ -59,10 +67,24 @@ void lg_workload_resolve(lg_workload_config *c);
  * resolved): groups x prompts-per-group for shared-prefix, 100 otherwise. */
 int64_t lg_workload_default_requests(const lg_workload_config *c);
 
+/* What a semantic-workload request is, for judging the cache's answer to it. */
+typedef enum lg_label {
+    LG_LABEL_NONE = 0, /* other workloads */
+    LG_LABEL_BASE,     /* a base prompt's first asking: a hit is a false hit */
+    LG_LABEL_EXACT,    /* a base prompt again, byte for byte: should hit */
+    LG_LABEL_REWORD,   /* the same question reworded: may hit */
+    LG_LABEL_NEAR_MISS,/* looks like a base prompt, asks something else: a hit is a false hit */
+    LG_LABEL_FRESH,    /* unlike anything before: a hit is a false hit */
+    LG_LABEL_COUNT
+} lg_label;
+
+const char *lg_label_name(lg_label l);
+
 typedef struct lg_turn {
     int32_t *tokens;
     int32_t n_tokens;
     int32_t output_len;
+    lg_label label;
 } lg_turn;
 
 /* What one simulated user sends: one request, or for multi-turn a conversation whose turn

@@ -561,6 +561,26 @@ static int validate(const blade_runner *r, const blade_batch_seq *seqs, int32_t 
 
 /* ---- the forward pass ---- */
 
+/* The rows that want their final hidden state get it: the residual stream plus the last
+ * block's pending output, normalised, each row on its own (so batch invariant), without
+ * touching r->x, which the classifier still reads. */
+static void write_hidden(blade_runner *r, const blade_batch_seq *seqs, int32_t n_seqs, const float *pending)
+{
+    const int64_t d = r->m->hp.n_embd;
+    int64_t t = 0;
+    for (int32_t i = 0; i < n_seqs; t += seqs[i].n_tokens, i++) {
+        if (!seqs[i].hidden)
+            continue;
+        for (int32_t j = 0; j < seqs[i].n_tokens; j++) {
+            float *out = seqs[i].hidden + (size_t)j * (size_t)d;
+            const float *x = r->x + (t + j) * d;
+            for (int64_t k = 0; k < d; k++)
+                out[k] = pending ? x[k] + pending[(t + j) * d + k] : x[k];
+            blade_rmsnorm(out, out, f32_vector(&r->m->output_norm), d, r->m->hp.rms_eps);
+        }
+    }
+}
+
 int blade_runner_forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n_seqs, blade_error *err)
 {
     const blade_model *m = r->m;
@@ -615,6 +635,7 @@ int blade_runner_forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n
         pending = r->delta;
     }
 
+    write_hidden(r, seqs, n_seqs, pending);
     if (s.n_logit_rows == 0)
         return 0;
     if (s.n_logit_rows > r->cap_logits) {

@@ -215,3 +215,46 @@ void metrics_render(metrics *m, blade_engine *e, api_buf *out)
     scalar(out, "kv_cache_evictions_total", "counter", "Cached KV blocks evicted for reuse.", (double)st.evictions);
     scalar(out, "engine_steps_total", "counter", "Engine steps run.", (double)st.steps);
 }
+
+/* A cumulative histogram of the cache's own (bounds plus +Inf), as Prometheus wants it. */
+static void cumulative_hist(api_buf *out, const char *name, const char *help, const double *bounds, int n_bounds,
+                            const uint64_t *cumulative, double sum)
+{
+    header(out, name, "histogram", help);
+    for (int i = 0; i < n_bounds; i++)
+        out_printf(out, "blade:%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], (unsigned long long)cumulative[i]);
+    out_printf(out, "blade:%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cumulative[n_bounds]);
+    out_printf(out, "blade:%s_sum %.17g\n", name, sum);
+    out_printf(out, "blade:%s_count %llu\n", name, (unsigned long long)cumulative[n_bounds]);
+}
+
+void metrics_render_semcache(blade_semcache *c, api_buf *out)
+{
+    blade_semcache_stats st;
+    blade_semcache_get_stats(c, &st);
+    scalar(out, "semantic_cache_exact_hits_total", "counter", "Requests answered from the exact tier.",
+           (double)st.exact_hits);
+    scalar(out, "semantic_cache_semantic_hits_total", "counter",
+           "Requests answered from the semantic tier (a near-duplicate prompt).", (double)st.semantic_hits);
+    scalar(out, "semantic_cache_misses_total", "counter", "Lookups that found nothing.", (double)st.misses);
+    scalar(out, "semantic_cache_inserts_total", "counter", "Answers stored.", (double)st.inserts);
+    scalar(out, "semantic_cache_evictions_total", "counter", "Entries evicted for capacity.", (double)st.evictions);
+    scalar(out, "semantic_cache_expirations_total", "counter", "Entries removed by the TTL.",
+           (double)st.expirations);
+    scalar(out, "semantic_cache_entries", "gauge", "Entries stored.", (double)st.entries);
+    scalar(out, "semantic_cache_bytes", "gauge", "Bytes the capacity counts (payloads, vectors, bookkeeping).",
+           (double)st.bytes);
+    scalar(out, "semantic_cache_index_bytes", "gauge", "Bytes of the HNSW graphs on top of that.",
+           (double)st.index_bytes);
+    scalar(out, "semantic_cache_db_errors_total", "counter", "Failed database writes.", (double)st.db_errors);
+    cumulative_hist(out, "semantic_cache_lookup_seconds", "Time of one cache lookup (both tiers).",
+                    blade_semcache_latency_bounds_s, BLADE_SEMCACHE_LATENCY_BUCKETS - 1,
+                    st.lookup_latency.cumulative, st.lookup_latency.sum);
+    cumulative_hist(out, "semantic_cache_hit_similarity", "Cosine similarity of semantic hits.",
+                    blade_semcache_similarity_bounds, BLADE_SEMCACHE_SIMILARITY_BUCKETS - 1,
+                    st.hit_similarity.cumulative, st.hit_similarity.sum);
+    cumulative_hist(out, "semantic_cache_miss_similarity",
+                    "Nearest entry's similarity on semantic-tier misses: where the threshold cuts.",
+                    blade_semcache_similarity_bounds, BLADE_SEMCACHE_SIMILARITY_BUCKETS - 1,
+                    st.miss_similarity.cumulative, st.miss_similarity.sum);
+}

@@ -9,6 +9,7 @@
 #include "api/buf.h"
 #include "api/job.h"
 #include "blade/disagg.h"
+#include "blade/semantic_cache.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -55,5 +56,7 @@ void metrics_in_flight(metrics *m, int delta);
 void metrics_remote_prefill(metrics *m, blade_disagg_cause cause);
 /* The text exposition format; e may be NULL while the model loads. */
 void metrics_render(metrics *m, blade_engine *e, api_buf *out);
+/* The semantic cache's figures (blade:semantic_cache_*). */
+void metrics_render_semcache(blade_semcache *c, api_buf *out);
 
 #endif

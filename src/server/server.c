@@ -3,6 +3,7 @@
 #include "server/server.h"
 
 #include "api/api.h"
+#include "server/cache_front.h"
 #include "server/gate.h"
 #include "server/http_head.h"
 #include "server/metrics.h"
@@ -23,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum route { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT };
+enum route { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_EMBEDDINGS };
 enum state { S_LOADING, S_READY, S_DRAINING };
 
 typedef struct conn {
@@ -45,6 +46,7 @@ typedef struct conn {
     bool disconnected;
     double deadline;      /* 0: none */
     int fd;               /* the client's socket, watched for hang-ups */
+    cache_ticket ticket;  /* the request's part in the semantic cache */
     api_buf out;          /* stream bytes not yet handed to libmicrohttpd */
     size_t out_pos;
     bool out_end;
@@ -62,6 +64,7 @@ struct server {
     pthread_cond_t cv;
     enum state state;
     api_model *am;
+    blade_semcache *semcache; /* NULL: off; set before the state turns ready */
     int inflight; /* admitted requests not yet answered in full */
     int queued;   /* jobs that have not produced an event yet */
     conn *active;
@@ -138,6 +141,8 @@ static enum route find_route(const char *url, const char **model_id)
         return R_COMPLETIONS;
     if (!strcmp(url, "/v1/chat/completions"))
         return R_CHAT;
+    if (!strcmp(url, "/v1/embeddings"))
+        return R_EMBEDDINGS;
     return R_NONE;
 }
 
@@ -206,11 +211,11 @@ static enum MHD_Result first_call(conn *c, const char *url, const char *method, 
     if (c->route == R_NONE) {
         api_error_set(&err, 404, "invalid_request_error", "unknown_url", NULL,
                       "Unknown request URL: %.32s %.200s. This server answers POST /v1/completions, POST "
-                      "/v1/chat/completions, GET /v1/models, GET /health and GET /metrics",
+                      "/v1/chat/completions, POST /v1/embeddings, GET /v1/models, GET /health and GET /metrics",
                       method, url);
         return respond_error(c, &err);
     }
-    bool post = c->route == R_COMPLETIONS || c->route == R_CHAT;
+    bool post = c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_EMBEDDINGS;
     bool ok = post ? !strcmp(method, "POST") : (!strcmp(method, "GET") || !strcmp(method, "HEAD"));
     if (!ok) {
         api_error_set(&err, 405, "invalid_request_error", "method_not_allowed", NULL,
@@ -384,6 +389,9 @@ static void end_job(conn *c)
     }
     if (api_job_status(c->job) == 200)
         metrics_observe_e2e(&c->s->m, now() - c->t_start);
+    if (c->ticket.active)
+        cache_store(c->s->semcache, &c->ticket, c->job);
+    cache_ticket_free(&c->ticket);
     started(c);
     api_job_free(c->job);
     c->job = NULL;
@@ -434,7 +442,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 static bool remote_prefill(conn *c, api_request *req, blade_remote_prefill *rp)
 {
     server *s = c->s;
-    if (!s->cfg.disagg || req->n_prompts != 1 || req->n != 1 || req->logprobs >= 0)
+    if (!s->cfg.disagg || req->ep == API_EMBEDDINGS || req->n_prompts != 1 || req->n != 1 || req->logprobs >= 0)
         return false;
     const char *peer = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "X-Blade-Prefill");
     if (!peer || !*peer)
@@ -464,12 +472,57 @@ static bool remote_prefill(conn *c, api_request *req, blade_remote_prefill *rp)
     return true;
 }
 
+/* The key the client presented (whether or not the server checks keys): half of its
+ * tenant in the semantic cache. */
+static const char *presented_key(conn *c)
+{
+    const char *h = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncasecmp(h, "Bearer ", 7))
+        return NULL;
+    h += 7;
+    while (*h == ' ')
+        h++;
+    return h;
+}
+
+/* Answers from the semantic cache: the stored text replayed in the request's own shape
+ * (a stream when it asked for one), no token generated, the hit named in a header and in a
+ * "semantic_cache" field of the response (of every chunk, when streaming). */
+static enum MHD_Result serve_hit(conn *c, api_request *req, const blade_semcache_hit *hit)
+{
+    api_error err;
+    api_buf sse = {0};
+    bool stream = req->stream;
+    api_job *job = api_job_replay(c->s->am, req, hit->response.text, hit->response.text_len, cache_hit_finish(hit),
+                                  "semantic_cache", cache_hit_json(hit), stream ? &sse : NULL, &err);
+    if (!job)
+        return respond_error(c, &err);
+    started(c);
+    char header[96];
+    cache_hit_header(hit, header, sizeof header);
+    enum MHD_Result ret;
+    if (stream) {
+        ret = sse.failed ? MHD_NO
+                         : respond(c, 200, "text/event-stream", sse.data ? sse.data : strdup(""), sse.len,
+                                   "X-Blade-Semantic-Cache", header);
+    } else {
+        json_t *resp = api_job_response(job);
+        char *body = json_dumps(resp, JSON_COMPACT);
+        json_decref(resp);
+        ret = respond(c, 200, "application/json", body, body ? strlen(body) : 0, "X-Blade-Semantic-Cache", header);
+    }
+    metrics_observe_e2e(&c->s->m, now() - c->t_start);
+    api_job_free(job);
+    idle_again(c);
+    return ret;
+}
+
 static enum MHD_Result serve_completion(conn *c)
 {
     server *s = c->s;
     api_error err;
     api_request req;
-    api_endpoint ep = c->route == R_CHAT ? API_CHAT : API_COMPLETIONS;
+    api_endpoint ep = c->route == R_CHAT ? API_CHAT : c->route == R_EMBEDDINGS ? API_EMBEDDINGS : API_COMPLETIONS;
     int rc = api_parse_body(s->am, ep, c->body.data ? c->body.data : "", c->body.len, &req, &err);
     api_buf_free(&c->body);
     if (rc)
@@ -483,6 +536,21 @@ static enum MHD_Result serve_completion(conn *c)
     if (!admit(c, &err)) {
         api_request_free(&req);
         return respond_error(c, &err);
+    }
+    if (s->semcache) {
+        if (cache_ticket_init(&c->ticket, s->am, &req, presented_key(c))) {
+            api_request_free(&req);
+            api_error_set(&err, 500, "server_error", NULL, NULL, "out of memory");
+            return respond_error(c, &err);
+        }
+        blade_semcache_hit hit = {0};
+        double deadline = s->cfg.timeout > 0 ? c->t_start + s->cfg.timeout : 0;
+        if (c->ticket.active && cache_lookup(s->semcache, s->am, &req, &c->ticket, deadline, &hit)) {
+            enum MHD_Result ret = serve_hit(c, &req, &hit);
+            blade_semcache_hit_clear(&hit);
+            cache_ticket_free(&c->ticket);
+            return ret;
+        }
     }
     bool stream = req.stream;
     blade_remote_prefill rp;
@@ -530,6 +598,7 @@ static enum MHD_Result serve_get(conn *c)
     server *s = c->s;
     pthread_mutex_lock(&s->mu);
     enum state st = s->state;
+    blade_semcache *cache = s->semcache;
     pthread_mutex_unlock(&s->mu);
     if (c->route == R_HEALTH) {
         const char *word = st == S_READY ? "ok" : st == S_LOADING ? "loading" : "draining";
@@ -547,6 +616,8 @@ static enum MHD_Result serve_get(conn *c)
     if (c->route == R_METRICS) {
         api_buf out = {0};
         metrics_render(&s->m, st == S_LOADING ? NULL : s->am->engine, &out);
+        if (cache)
+            metrics_render_semcache(cache, &out);
         if (out.failed) {
             api_buf_free(&out);
             return MHD_NO;
@@ -631,7 +702,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
                       s->cfg.max_body);
         return respond_error(c, &err);
     }
-    if (c->route == R_COMPLETIONS || c->route == R_CHAT)
+    if (c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_EMBEDDINGS)
         return serve_completion(c);
     return serve_get(c);
 }
@@ -644,6 +715,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     if (!c)
         return;
     end_job(c);
+    cache_ticket_free(&c->ticket);
     if (c->admitted)
         leave(c);
     bool cut = gate_request_done(s->gate, c->gc);
@@ -767,6 +839,13 @@ server *server_start(const server_config *cfg, blade_error *err)
 int server_port(const server *s)
 {
     return s->port;
+}
+
+void server_set_semantic_cache(server *s, blade_semcache *c)
+{
+    pthread_mutex_lock(&s->mu);
+    s->semcache = c;
+    pthread_mutex_unlock(&s->mu);
 }
 
 void server_set_model(server *s, api_model *am)

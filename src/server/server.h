@@ -16,6 +16,7 @@
 #include "api/model.h"
 #include "blade/disagg.h"
 #include "blade/error.h"
+#include "blade/semantic_cache.h"
 
 #include <stddef.h>
 
@@ -47,6 +48,9 @@ typedef struct server server;
 /* Listens at once (GET /health answers 503 until server_set_model). */
 server *server_start(const server_config *cfg, blade_error *err);
 int server_port(const server *s);
+/* Before server_set_model: answer repeated and near-repeated requests from c
+ * (cache_front.h); c must outlive the server. */
+void server_set_semantic_cache(server *s, blade_semcache *c);
 /* The model is loaded: requests are served from now on. am must outlive the server. */
 void server_set_model(server *s, api_model *am);
 /* The worker's role for /health (a router reads it); prefill role: its KV service, whose

@@ -172,3 +172,39 @@ test('errors arrive as the SDK error classes', async () => {
     client.completions.create({ model: 'stories', prompt: 'x', max_tokens: 100000 }),
     (e) => e instanceof OpenAI.BadRequestError && /maximum context length is 2048/.test(e.message));
 });
+
+test('embeddings.create: unit vectors, the same whether sent alone or in a list, as floats or base64', async () => {
+  const one = await client.embeddings.create({ model: 'stories', input: 'Once upon a time' });
+  assert.equal(one.object, 'list');
+  assert.equal(one.model, 'stories');
+  assert.equal(one.data.length, 1);
+  assert.equal(one.data[0].object, 'embedding');
+  assert.equal(one.data[0].index, 0);
+  const v = one.data[0].embedding;
+  assert.equal(v.length, 64); // stories260K's width
+  assert.ok(Math.abs(v.reduce((s, x) => s + x * x, 0) - 1) < 1e-5);
+  assert.ok(one.usage.prompt_tokens > 0);
+  assert.equal(one.usage.total_tokens, one.usage.prompt_tokens);
+
+  const many = await client.embeddings.create({ model: 'stories', input: ['A cat sat.', 'Once upon a time', 'Lily'],
+    encoding_format: 'float' });
+  assert.deepEqual(many.data.map((d) => d.index), [0, 1, 2]);
+  assert.deepEqual(many.data[1].embedding, v);
+  assert.notDeepEqual(many.data[0].embedding, v);
+
+  // the SDK decodes base64 itself when asked for it
+  const b64 = await client.embeddings.create({ model: 'stories', input: 'Once upon a time', encoding_format: 'base64' });
+  const raw = b64.data[0].embedding;
+  const bytes = typeof raw === 'string' ? Buffer.from(raw, 'base64') : null;
+  const floats = bytes ? Array.from(new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4)) : raw;
+  assert.deepEqual(floats, v);
+
+  const short = await client.embeddings.create({ model: 'stories', input: [[1, 2, 3]], dimensions: 8 });
+  assert.equal(short.data[0].embedding.length, 8);
+  assert.ok(Math.abs(short.data[0].embedding.reduce((s, x) => s + x * x, 0) - 1) < 1e-5);
+
+  await assert.rejects(client.embeddings.create({ model: 'stories', input: '' }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'input');
+  await assert.rejects(client.embeddings.create({ model: 'stories', input: 'x', dimensions: 65 }),
+    (e) => e instanceof OpenAI.BadRequestError && /dimensions/.test(e.message));
+});
