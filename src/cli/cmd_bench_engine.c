@@ -330,7 +330,7 @@ static const cli_flag bench_engine_flags[] = {
      .help = "GGUF model"},
     {.name = "workload", .letter = 'w', .kind = CLI_ENUM, CLI_AT(O, workload), .choices = workloads, .metavar = "W",
      .required = true, .help = "the workload, described above"},
-    {.name = "seed", .kind = CLI_INT, CLI_AT(O, seed), .min = 0, .max = INT64_MAX, .metavar = "N",
+    {.name = "seed", .kind = CLI_INT, CLI_AT(O, seed), .min = 0, .max = CLI_INT64_MAX, .metavar = "N",
      .help = "workload seed"},
     {0},
 };

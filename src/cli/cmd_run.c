@@ -69,7 +69,7 @@ static const cli_flag run_flags[] = {
      .metavar = "X", .help = "OpenAI presence penalty"},
     {.name = "frequency-penalty", .kind = CLI_DOUBLE, CLI_AT(R, sampling.frequency_penalty), .min = -2, .max = 2,
      .metavar = "X", .help = "OpenAI frequency penalty"},
-    {.name = "seed", .kind = CLI_INT, CLI_AT(R, sampling.seed), .min = 0, .max = INT64_MAX, .metavar = "S",
+    {.name = "seed", .kind = CLI_INT, CLI_AT(R, sampling.seed), .min = 0, .max = CLI_INT64_MAX, .metavar = "S",
      .dflt = "from the clock", .help = "random seed for reproducible sampling"},
     {0},
 };

@@ -63,7 +63,7 @@ static const cli_flag synth_flags[] = {
     {.name = "noise", .kind = CLI_DOUBLE, CLI_AT(O, noise), .min = 0, .max = 1, .metavar = "X",
      .dflt = "0.001 with --from", .help = "with --from: standard deviation of the weights FILE does not fill (0 keeps "
                                           "FILE's logits to float rounding)"},
-    {.name = "seed", .kind = CLI_INT, CLI_AT(O, seed), .min = 0, .max = INT64_MAX, .metavar = "N",
+    {.name = "seed", .kind = CLI_INT, CLI_AT(O, seed), .min = 0, .max = CLI_INT64_MAX, .metavar = "N",
      .help = "weight seed"},
     {0},
 };

@@ -110,6 +110,8 @@ struct cli_flag {
 /* The destination of a flag: member `field` of the options struct T. */
 #define CLI_AT(T, field) \
     .off = offsetof(T, field), .size = sizeof(((T *)0)->field), .ctype = CLI_CTYPE_OF(((T *)0)->field)
+/* An integer flag's .max for "any int64": INT64_MAX itself has no exact double. */
+#define CLI_INT64_MAX 0x1p63
 #define CLI_SECTION(title) {.kind = CLI_HEADING, .help = (title)}
 
 /* A table of flags and the offset, in the command's options struct, of the struct its

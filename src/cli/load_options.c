@@ -60,7 +60,7 @@ const cli_flag cli_load_flags[] = {
     CLI_SECTION("workload (seeded: the same seed sends the same requests)"),
     {.name = "workload", .letter = 'w', .kind = CLI_ENUM, CLI_AT(L, wl.kind), .choice_at = workload_choice,
      .metavar = "W", .required = true, .help = "the kind of traffic"},
-    {.name = "seed", .kind = CLI_INT, CLI_AT(L, wl.seed), .min = 0, .max = INT64_MAX, .metavar = "N",
+    {.name = "seed", .kind = CLI_INT, CLI_AT(L, wl.seed), .min = 0, .max = CLI_INT64_MAX, .metavar = "N",
      .help = "workload seed"},
     {.name = "input-len", .kind = CLI_CUSTOM, CLI_AT(L, wl.input_len), .parse = parse_range, .metavar = "A[:B]",
      .dflt = "",
