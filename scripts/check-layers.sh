@@ -21,8 +21,8 @@ declare -A rank=(
     [runner]=6 [convert]=6 [bench]=6
     [engine]=7 [eval]=7
     [imatrix]=8
-    [api]=9 [loadgen]=9 [semantic_cache]=9
-    [server]=10
+    [api]=9 [loadgen]=9 [semantic_cache]=9 [cluster]=9
+    [server]=10 [router]=10
     [cli]=11
 )
 core_top=8
@@ -43,6 +43,7 @@ declare -A owner=(
     [bench]=bench
     [engine]=engine [scheduler]=engine [kv_cache]=engine [stop]=engine [spec]=engine
     [eval]=eval
+    [cluster_auth]=cluster [kv_wire]=cluster [kv_handoff]=cluster [disagg]=cluster [kv_transport]=cluster [etcd_client]=cluster
     [imatrix]=imatrix
     [semantic_cache]=semantic_cache
 )

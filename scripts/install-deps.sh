@@ -2,6 +2,9 @@
 # Installs the Debian packages blade builds and tests with, skipping the ones already present.
 set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config clang libpcre2-dev libcmocka-dev libssl-dev libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev libsqlite3-dev libhnswlib-dev)
+# Clusters: UCX moves KV blocks between workers; the discovery tests start their own etcd;
+# the transport tests build private networks with `ip netns`.
+packages+=(libucx-dev etcd-server iproute2)
 missing=()
 # The OpenAI SDK tests need Node.js; a Node.js from elsewhere (with its own npm) is kept.
 if ! command -v node >/dev/null; then

@@ -669,7 +669,7 @@ static void test_help_lists_every_flag(void **state)
         free(binary);
         free(help);
     }
-    assert_int_equal(n_commands, 19);
+    assert_int_equal(n_commands, 21);
 
     /* `blade --help` lists every subcommand */
     char *top = NULL;

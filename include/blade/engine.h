@@ -11,6 +11,8 @@
  * calls every callback (callbacks must be quick: hand the event to your own thread). */
 
 #include "blade/error.h"
+#include "blade/kv_cache.h"
+#include "blade/kv_store.h"
 #include "blade/kv_type.h"
 #include "blade/model.h"
 #include "blade/sampler.h"
@@ -40,13 +42,40 @@ typedef enum blade_finish_reason {
     BLADE_FINISH_STOP,     /* end-of-generation token or a stop string */
     BLADE_FINISH_LENGTH,   /* max_tokens or the context limit */
     BLADE_FINISH_ABORT,    /* aborted by the caller */
-    BLADE_FINISH_ERROR     /* could not be served (e.g. needs more KV than the pool has) */
+    BLADE_FINISH_ERROR,    /* could not be served (e.g. needs more KV than the pool has) */
+    BLADE_FINISH_EXPORTED  /* export_kv: the prompt is computed and its first token sampled;
+                            * the event's kv_export describes the KV to ship */
 } blade_finish_reason;
 
 const char *blade_finish_reason_name(blade_finish_reason r);
 
 #define BLADE_MAX_TOP_LOGPROBS 20
 
+/* A finished prefill held for shipping to another engine (disaggregated serving). Its
+ * blocks stay held, unchanged, in this engine's KV store until
+ * blade_engine_export_release; the arrays are the engine's and stay valid until then. */
+typedef struct blade_kv_export {
+    const int32_t *tokens;      /* the prompt */
+    int32_t n_tokens;
+    int32_t first_token;        /* sampled from the prompt's last logits */
+    const int32_t *blocks;      /* physical block of each logical block: ceil(n_tokens / block size) */
+    int32_t n_blocks;
+    const uint8_t (*hashes)[BLADE_HASH_BYTES]; /* chained hash of each full block (kv_cache.h) */
+    int32_t n_hashes;
+} blade_kv_export;
+
+/* A prefill computed elsewhere, to continue here: the prompt (blade_request's tokens), its
+ * first token, and the blocks that travelled, in a staging store of this engine's shape
+ * (blade_engine_kv_store): staging block j holds logical block sent[j]. Blocks not sent
+ * are found in the prefix cache (the HAVE exchange said so) or, if evicted since, computed
+ * again; so is everything when the pool has no room. The output is the same either way. */
+typedef struct blade_kv_import {
+    int32_t n_tokens;           /* tokens the blocks hold: must be the request's whole prompt */
+    int32_t first_token;
+    blade_kv_store *staging;    /* the engine takes it (and frees it) when submit succeeds */
+    const int32_t *sent;        /* n_sent logical block indices, strictly increasing */
+    int32_t n_sent;
+} blade_kv_import;
 /* How an embedding request turns its tokens' final hidden states into one vector. */
 typedef enum blade_pooling {
     BLADE_POOL_NONE = 0, /* not an embedding request: generate */
@@ -72,6 +101,7 @@ typedef struct blade_token_event {
     size_t text_len;
     blade_finish_reason finish;
     const char *error;           /* message when finish == BLADE_FINISH_ERROR */
+    const blade_kv_export *kv_export; /* when finish == BLADE_FINISH_EXPORTED */
     int32_t prompt_tokens;
     int32_t completion_tokens;
     int32_t cached_tokens;       /* prompt tokens served from the prefix cache */
@@ -106,6 +136,11 @@ typedef struct blade_request {
     const char *cache_salt;       /* tenant isolation of the prefix cache; NULL for none */
     bool pin_prefix;              /* keep this prompt's full blocks cached for good (a shared
                                    * system prompt): they are never evicted */
+    /* Disaggregated serving (n must be 1, no logprobs or logits): export_kv stops after the
+     * first token with a BLADE_FINISH_EXPORTED event instead of decoding; import continues
+     * a prefill computed by another engine, emitting its first token as the first event. */
+    bool export_kv;
+    const blade_kv_import *import;
     blade_pooling embed;          /* not NONE: an embedding request, prefill only: the prompt is
                                    * computed like any other (batched, chunked; prefix-cached
                                    * when pooling the last token), nothing is sampled, and one
@@ -171,5 +206,23 @@ int64_t blade_engine_kv_tokens(const blade_engine *e);
 int32_t blade_engine_max_context(const blade_engine *e);
 /* What BLADE_POOL_MODEL means for this engine's model (MEAN or LAST). */
 blade_pooling blade_engine_pooling(const blade_engine *e);
+
+/* ---- disaggregated serving ---- */
+
+#define BLADE_ENGINE_FINGERPRINT_BYTES 32
+/* What makes this engine's KV interchangeable with another's: the model's identity (its
+ * metadata and tensor table), the KV type and the block size. Engines with different
+ * fingerprints never exchange blocks. */
+void blade_engine_fingerprint(const blade_engine *e, uint8_t out[BLADE_ENGINE_FINGERPRINT_BYTES]);
+/* The same as lowercase hex (what /health and etcd registrations show). */
+void blade_engine_fingerprint_hex(const blade_engine *e, char out[2 * BLADE_ENGINE_FINGERPRINT_BYTES + 1]);
+/* The paged store (its shape for staging stores and wire frames; exported blocks are read
+ * from it while held). */
+const blade_kv_store *blade_engine_kv_store(const blade_engine *e);
+/* have[i]: whether the prefix cache holds the block named hashes[i] (safe from any thread). */
+void blade_engine_kv_have(blade_engine *e, const uint8_t (*hashes)[BLADE_HASH_BYTES], int32_t n, bool *have);
+/* Gives an exported request's blocks back (they stay in the prefix cache); its export is
+ * gone. Returns false for an id that was never issued. */
+bool blade_engine_export_release(blade_engine *e, uint64_t id);
 
 #endif

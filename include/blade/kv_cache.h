@@ -103,6 +103,16 @@ void blade_kv_cache_release(blade_kv_cache *c, blade_kv_cache_seq *s);
 int32_t blade_kv_cache_pin_prefix(blade_kv_cache *c, const int32_t *tokens, int32_t n, const void *salt,
                                   size_t salt_len);
 
+/* The chained hashes of the first n_blocks full blocks of tokens under s's root, whether
+ * prefix caching is on or not (what a KV transfer names its blocks by). False when
+ * libcrypto fails. */
+bool blade_kv_cache_hash_chain(blade_kv_cache *c, const blade_kv_cache_seq *s, const int32_t *tokens,
+                               int32_t n_blocks, uint8_t (*out)[BLADE_HASH_BYTES]);
+/* have[i]: whether a block named hashes[i] is in the prefix cache now. Takes nothing: a
+ * block found here may be evicted before it is used. */
+void blade_kv_cache_lookup(const blade_kv_cache *c, const uint8_t (*hashes)[BLADE_HASH_BYTES], int32_t n,
+                           bool *have);
+
 void blade_kv_cache_stats_get(const blade_kv_cache *c, blade_kv_cache_stats *out);
 /* Adds n_tokens / slots of the blocks of a live sequence to the utilisation counters. */
 void blade_kv_cache_sample_utilisation(blade_kv_cache *c, const blade_kv_cache_seq *s, int32_t n_tokens);

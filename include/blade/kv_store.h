@@ -76,6 +76,9 @@ void blade_kv_store_read_head(const blade_kv_store *s, int32_t layer, int32_t bl
 
 /* Copies physical block `from` to `to` in every layer, K and V, scales included. */
 void blade_kv_store_copy_block(const blade_kv_store *s, int32_t from, int32_t to);
+/* Copies block `from` of src to block `to` of dst, a store of the same shape (another
+ * engine's, or a staging store a KV transfer was received into). */
+void blade_kv_store_copy_between(const blade_kv_store *src, int32_t from, const blade_kv_store *dst, int32_t to);
 
 /* Address of the first element of (layer, block, kv_head) in K or V. */
 static inline uint8_t *blade_kv_store_k(const blade_kv_store *s, int32_t layer, int32_t block, int32_t head)

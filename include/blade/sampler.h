@@ -66,6 +66,10 @@ double blade_sampler_uniform(blade_sampler *s);
 /* Draws a token with probability proportional to weights (n_vocab entries, those <= 0 or
  * NaN never chosen), consuming one uniform from the stream; -1 when no weight is positive. */
 int32_t blade_sampler_draw_from(blade_sampler *s, const float *weights);
+/* Advances the random stream as n calls of blade_sampler_sample would (none at temperature
+ * 0): a sequence whose first tokens were sampled elsewhere (a prefill worker) continues
+ * with the draws it would have had there. */
+void blade_sampler_skip_draws(blade_sampler *s, int32_t n);
 /* log-softmax of the raw logits (before penalties and temperature), as OpenAI's logprobs
  * report them; out has n_vocab entries. NaN and -inf logits give -inf, +inf counts as
  * FLT_MAX; if no logit is finite every entry is -inf. */

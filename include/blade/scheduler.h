@@ -125,6 +125,9 @@ const blade_sched_config *blade_scheduler_config(const blade_scheduler *s);
 void blade_scheduler_add(blade_scheduler *s, blade_sched_seq *seq);
 /* Takes a sequence out (finished or aborted), returning its blocks at once. */
 void blade_scheduler_remove(blade_scheduler *s, blade_sched_seq *seq);
+/* Takes a sequence out keeping its blocks (a prefill exported to another engine): the
+ * caller releases them with blade_kv_cache_release. */
+void blade_scheduler_detach(blade_scheduler *s, blade_sched_seq *seq);
 
 /* Plans one step. The plan's arrays stay valid until the next call. */
 void blade_scheduler_schedule(blade_scheduler *s, blade_sched_plan *plan);

@@ -209,6 +209,7 @@ api_job *api_job_submit(const api_model *am, api_request *req, api_sink *sink, d
         q.n_prompt_tokens = pr->n_tokens;
         q.cls = job->req.cls;
         q.cache_salt = job->req.cache_salt;
+        q.import = p == 0 ? job->req.import : NULL;
         if (job->req.ep == API_EMBEDDINGS) {
             q.embed = am->pooling;
         } else {
@@ -241,9 +242,12 @@ api_job *api_job_submit(const api_model *am, api_request *req, api_sink *sink, d
             api_job_abort(job, e.status, e.type, e.message);
             return job;
         }
+        if (q.import)
+            job->req.import->staging = NULL; /* the engine's now */
         job->prompts[p].id = id;
         job->running += job->req.n;
     }
+    job->req.import = NULL; /* the caller's, used only here */
     return job;
 }
 

@@ -58,6 +58,9 @@ typedef struct api_request {
     bool speculative; /* extension "speculative": false opts out of speculative decoding */
     blade_traffic_class cls;
     char *cache_salt;
+    /* Disaggregated serving: the first prompt's KV, computed by a prefill worker (not owned;
+     * its staging store passes to the engine when the job is submitted). */
+    blade_kv_import *import;
     /* embeddings: base64 instead of float arrays; the first `dimensions` values,
      * renormalised (0: all) */
     bool base64;

@@ -5,6 +5,7 @@
 #include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "cli/engine_options.h"
+#include "cli/serve_role.h"
 #include "cli/serve_cache.h"
 #include "server/server.h"
 
@@ -20,6 +21,7 @@ typedef struct serve_options {
     server_config sc;
     cli_serve_cache cache;
     cli_engine_options engine;
+    serve_role_options role;
 } serve_options;
 
 static void serve_init(void *opts)
@@ -30,6 +32,7 @@ static void serve_init(void *opts)
                             .max_connections_per_ip = 256, .header_timeout = 10, .body_timeout = 60};
     cli_serve_cache_init(&o->cache);
     cli_engine_options_init(&o->engine);
+    serve_role_init(&o->role);
 }
 
 #define S serve_options
@@ -109,6 +112,7 @@ const cli_command cli_cmd_serve = {
     .tables = (const cli_table[]){{serve_flags, 0},
                                   {cli_serve_cache_flags, offsetof(serve_options, cache)},
                                   {cli_engine_flags, offsetof(serve_options, engine)},
+                                  {serve_role_flags, offsetof(serve_options, role)},
                                   {0}},
     .opts_size = sizeof(serve_options),
     .init = serve_init,
@@ -129,6 +133,11 @@ static int serve_main(int argc, char **argv)
         sc.api_key = NULL;
     if (!model_path && !(model_path = cli_default_model()))
         return cli_usage_error(&cli_cmd_serve, "no model given (-m FILE)");
+    serve_role_options *ro = &o.role;
+    if (serve_role_prepare(ro, &sc)) {
+        serve_role_stop(ro);
+        return 2;
+    }
 
     /* Every thread started from here on inherits this mask, so the signals reach only the
      * sigwait below, never a connection or engine thread in the middle of its work. */
@@ -152,6 +161,7 @@ static int serve_main(int argc, char **argv)
     server *srv = server_start(&sc, &err);
     if (!srv) {
         fprintf(stderr, "error: %s\n", err.msg);
+        serve_role_stop(ro);
         return 1;
     }
     bool v6 = strchr(sc.host, ':') != NULL;
@@ -193,6 +203,8 @@ static int serve_main(int argc, char **argv)
                  sc.limit_loopback ? "" : " (loopback exempt)");
     printf("connections: head within %g s, body within %g s, per address %s\n", sc.header_timeout,
            sc.body_timeout, per_ip);
+    if (serve_role_start(ro, e, srv, &sc, &err))
+        goto stop;
     server_set_model(srv, &am);
     printf("blade serve: ready\n");
     fflush(stdout);
@@ -208,6 +220,7 @@ stop:
     if (rc && err.msg[0])
         fprintf(stderr, "error: %s\n", err.msg);
     server_stop(srv);
+    serve_role_stop(ro);
     cli_serve_cache_stop(&o.cache);
     blade_engine_free(e, false);
     if (have_am)

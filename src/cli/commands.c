@@ -7,6 +7,7 @@
 const cli_command *const cli_commands[] = {
     &cli_cmd_run,
     &cli_cmd_serve,
+    &cli_cmd_router,
     &cli_cmd_batch,
     &cli_cmd_info,
     &cli_cmd_tokenize,
@@ -23,6 +24,7 @@ const cli_command *const cli_commands[] = {
     &cli_cmd_bench_ablation,
     &cli_cmd_bench_spec,
     &cli_cmd_bench_compare,
+    &cli_cmd_bench_kv_transfer,
     &cli_cmd_bench_semcache,
     NULL,
 };

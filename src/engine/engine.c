@@ -51,6 +51,21 @@ static void model_identity(const blade_model *m, uint8_t out[BLADE_HASH_BYTES])
     EVP_Digest(m->file->map, m->file->data_offset, out, &len, EVP_sha256(), NULL);
 }
 
+/* Two engines can exchange blocks when the model, the KV type and the block size agree. */
+static void kv_fingerprint(const uint8_t model_id[BLADE_HASH_BYTES], const blade_engine_config *cfg,
+                           uint8_t out[BLADE_ENGINE_FINGERPRINT_BYTES])
+{
+    uint8_t buf[64] = "blade kv fingerprint v1";
+    memcpy(buf + 24, model_id, BLADE_HASH_BYTES);
+    uint32_t type = (uint32_t)cfg->kv_type, bs = (uint32_t)cfg->block_size;
+    for (int i = 0; i < 4; i++) {
+        buf[56 + i] = (uint8_t)(type >> (8 * i));
+        buf[60 + i] = (uint8_t)(bs >> (8 * i));
+    }
+    unsigned int len = 0;
+    EVP_Digest(buf, sizeof buf, out, &len, EVP_sha256(), NULL);
+}
+
 const char *blade_pooling_name(blade_pooling p)
 {
     static const char *const names[] = {"none", "model", "mean", "last"};
@@ -131,6 +146,7 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
     blade_kv_cache_config kc = {.n_blocks = (int32_t)n_blocks, .block_size = cfg->block_size,
                                 .prefix_caching = cfg->prefix_caching};
     model_identity(m, kc.model_id);
+    kv_fingerprint(kc.model_id, cfg, e->fingerprint);
     /* Without chunked prefill a whole prompt runs in one step, so the runner must take the
      * longest one. */
     int32_t runner_tokens = cfg->sched.max_batch_tokens;
@@ -192,11 +208,13 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
     if (cfg->spec.mode != BLADE_SPEC_NONE && cfg->spec.adaptive)
         calibrate_policy(e);
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->kv_mu, NULL);
     pthread_cond_init(&e->work, NULL);
     pthread_cond_init(&e->idle, NULL);
     e->loop_idle = true;
     if (pthread_create(&e->thread, NULL, engine_loop, e) != 0) {
         pthread_mutex_destroy(&e->mu);
+        pthread_mutex_destroy(&e->kv_mu);
         pthread_cond_destroy(&e->work);
         pthread_cond_destroy(&e->idle);
         e->thread = 0;
@@ -220,6 +238,8 @@ uint64_t blade_engine_submit(blade_engine *e, const blade_request *q, blade_erro
         return blade_error_set(err, "the engine is shutting down"), 0;
     }
     r->out.id = r->seq.id = e->next_id++;
+    if (q->import)
+        r->import_staging = q->import->staging;
     for (request_state *f = r->followers; f; f = f->next_live)
         f->out.id = f->seq.id = r->seq.id;
     if (e->incoming_tail)
@@ -250,6 +270,7 @@ bool blade_engine_abort(blade_engine *e, uint64_t id)
     }
     if (known) {
         e->aborts[e->n_aborts++] = id;
+        e->loop_idle = false; /* wait_idle returns once the abort is carried out */
         pthread_cond_signal(&e->work);
     }
     pthread_mutex_unlock(&e->mu);
@@ -276,6 +297,7 @@ void blade_engine_free(blade_engine *e, bool drain)
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->thread, NULL);
         pthread_mutex_destroy(&e->mu);
+        pthread_mutex_destroy(&e->kv_mu);
         pthread_cond_destroy(&e->work);
         pthread_cond_destroy(&e->idle);
     }
@@ -329,6 +351,38 @@ int64_t blade_engine_kv_tokens(const blade_engine *e)
 int32_t blade_engine_max_context(const blade_engine *e)
 {
     return e->max_context;
+}
+
+void blade_engine_fingerprint(const blade_engine *e, uint8_t out[BLADE_ENGINE_FINGERPRINT_BYTES])
+{
+    memcpy(out, e->fingerprint, BLADE_ENGINE_FINGERPRINT_BYTES);
+}
+
+void blade_engine_fingerprint_hex(const blade_engine *e, char out[2 * BLADE_ENGINE_FINGERPRINT_BYTES + 1])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < BLADE_ENGINE_FINGERPRINT_BYTES; i++) {
+        out[2 * i] = digits[e->fingerprint[i] >> 4];
+        out[2 * i + 1] = digits[e->fingerprint[i] & 15];
+    }
+    out[2 * BLADE_ENGINE_FINGERPRINT_BYTES] = 0;
+}
+
+const blade_kv_store *blade_engine_kv_store(const blade_engine *e)
+{
+    return e->store;
+}
+
+void blade_engine_kv_have(blade_engine *e, const uint8_t (*hashes)[BLADE_HASH_BYTES], int32_t n, bool *have)
+{
+    pthread_mutex_lock(&e->kv_mu);
+    blade_kv_cache_lookup(e->kv, hashes, n, have);
+    pthread_mutex_unlock(&e->kv_mu);
+}
+
+bool blade_engine_export_release(blade_engine *e, uint64_t id)
+{
+    return blade_engine_abort(e, id);
 }
 
 blade_pooling blade_engine_pooling(const blade_engine *e)

@@ -41,6 +41,19 @@ typedef struct request_state {
      * (tokens nobody sees) until every member has finished, as in a fixed-shape batch. */
     bool padding;
     char *salt;
+    bool export_kv;
+    /* import: the first token and the staged blocks, until the engine thread places them */
+    bool importing;
+    int32_t import_first;
+    blade_kv_store *import_staging;
+    int32_t *import_sent;
+    int32_t import_n_sent;
+    /* exported: out of the schedule, its blocks held until released; export points into
+     * export_blocks, export_hashes and tokens */
+    bool exported;
+    blade_kv_export export;
+    int32_t *export_blocks;
+    uint8_t (*export_hashes)[BLADE_HASH_BYTES];
     /* An embedding request: how it pools, the sum of the rows of positions 0..pooled-1 so
      * far (mean) and the last row (last; then the finished vector), n_embd each. A
      * preempted sequence recomputes rows it already pooled: they are bit-identical and
@@ -65,7 +78,12 @@ struct blade_engine {
     int32_t max_context;
     output_vocab vocab;
 
+    uint8_t fingerprint[BLADE_ENGINE_FINGERPRINT_BYTES];
+
     pthread_t thread;
+    /* The block manager is the engine thread's, which holds kv_mu while it uses it (all of
+     * a step but the forward pass), so other threads may look up cached blocks. */
+    pthread_mutex_t kv_mu;
     pthread_mutex_t mu;
     pthread_cond_t work;
     pthread_cond_t idle;

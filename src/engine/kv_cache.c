@@ -477,6 +477,28 @@ int32_t blade_kv_cache_pin_prefix(blade_kv_cache *c, const int32_t *tokens, int3
     return i;
 }
 
+bool blade_kv_cache_hash_chain(blade_kv_cache *c, const blade_kv_cache_seq *s, const int32_t *tokens,
+                               int32_t n_blocks, uint8_t (*out)[BLADE_HASH_BYTES])
+{
+    if (!s->salt_hash_ok)
+        return false;
+    for (int32_t i = 0; i < n_blocks; i++) {
+        const uint8_t *parent = i > 0 ? out[i - 1] : s->salt_hash;
+        if (!block_hash(c, parent, tokens + (size_t)i * (size_t)c->block_size, out[i]))
+            return false;
+    }
+    return true;
+}
+
+void blade_kv_cache_lookup(const blade_kv_cache *c, const uint8_t (*hashes)[BLADE_HASH_BYTES], int32_t n,
+                           bool *have)
+{
+    for (int32_t i = 0; i < n; i++) {
+        size_t slot;
+        have[i] = c->prefix_caching && index_find(c, hashes[i], &slot) != NO_BLOCK;
+    }
+}
+
 void blade_kv_cache_stats_get(const blade_kv_cache *c, blade_kv_cache_stats *out)
 {
     *out = (blade_kv_cache_stats){

@@ -32,6 +32,10 @@ void engine_request_free(request_state *r)
         engine_request_free(f);
     }
     free(r->tokens);
+    blade_kv_store_free(r->import_staging);
+    free(r->import_sent);
+    free(r->export_blocks);
+    free(r->export_hashes);
     request_output_destroy(&r->out);
     free(r->salt);
     free(r->pool_sum);
@@ -64,7 +68,46 @@ static int validate_request(const blade_request *q, blade_error *err)
             return blade_error_set(err, "stop string %d is missing or longer than %d bytes", i, ENGINE_MAX_STOP_LEN);
     if (q->cls != BLADE_CLASS_INTERACTIVE && q->cls != BLADE_CLASS_BATCH)
         return blade_error_set(err, "unknown traffic class %d", (int)q->cls);
+    if ((q->export_kv || q->import) && (q->n != 1 || q->logprobs >= 0 || q->want_logits || q->pin_prefix))
+        return blade_error_set(err, "a KV export or import takes one choice without logprobs, logits or pinning");
+    if (q->export_kv && q->import)
+        return blade_error_set(err, "a request cannot both export and import its KV");
     return blade_sampling_params_validate(&q->sampling, err);
+}
+
+static bool same_shape(const blade_kv_store *a, const blade_kv_store *b)
+{
+    return a->type == b->type && a->block_size == b->block_size && a->n_layer == b->n_layer &&
+           a->n_head_kv == b->n_head_kv && a->head_dim == b->head_dim && a->block_stride == b->block_stride;
+}
+
+/* Checks an import against the prompt and the engine's store, and keeps its blocks. */
+static int take_import(const blade_engine *e, const blade_kv_import *im, request_state *r, blade_error *err)
+{
+    int32_t bs = e->cfg.block_size, n_blocks = (r->seq.n_prompt + bs - 1) / bs;
+    if (im->n_tokens != r->seq.n_prompt)
+        return blade_error_set(err, "the imported KV holds %d tokens, the prompt has %d", im->n_tokens,
+                               r->seq.n_prompt);
+    if (im->first_token < 0 || im->first_token >= e->m->hp.n_vocab)
+        return blade_error_set(err, "the imported first token (%d) is outside the vocabulary of %d", im->first_token,
+                               e->m->hp.n_vocab);
+    if (!im->staging || !same_shape(im->staging, e->store))
+        return blade_error_set(err, "the imported blocks' staging store does not have this engine's KV shape");
+    if (im->n_sent < 0 || im->n_sent > im->staging->n_blocks || (im->n_sent && !im->sent))
+        return blade_error_set(err, "the import names %d blocks; its staging store holds %d", im->n_sent,
+                               im->staging->n_blocks);
+    for (int32_t j = 0; j < im->n_sent; j++)
+        if (im->sent[j] < 0 || im->sent[j] >= n_blocks || (j > 0 && im->sent[j] <= im->sent[j - 1]))
+            return blade_error_set(err, "imported block %d names logical block %d (of %d, increasing)", j,
+                                   im->sent[j], n_blocks);
+    r->import_sent = malloc((size_t)(im->n_sent ? im->n_sent : 1) * sizeof *r->import_sent);
+    if (!r->import_sent)
+        return blade_error_set(err, "out of memory");
+    memcpy(r->import_sent, im->sent, (size_t)im->n_sent * sizeof *r->import_sent);
+    r->import_n_sent = im->n_sent;
+    r->import_first = im->first_token;
+    r->importing = true;
+    return 0;
 }
 
 /* The prompt as tokens, with room for every token the request may generate. */
@@ -189,6 +232,11 @@ request_state *engine_request_new(const blade_engine *e, const blade_request *q,
     request_state *r = new_choice(e, q, 0, NULL, err);
     if (!r)
         return NULL;
+    r->export_kv = q->export_kv;
+    if (q->import && take_import(e, q->import, r, err)) {
+        engine_request_free(r);
+        return NULL;
+    }
     request_state **tail = &r->followers;
     for (int32_t i = 1; i < q->n; i++) {
         request_state *f = new_choice(e, q, i, r, err);

@@ -11,7 +11,7 @@
 
 const char *blade_finish_reason_name(blade_finish_reason r)
 {
-    static const char *const names[] = {"none", "stop", "length", "abort", "error"};
+    static const char *const names[] = {"none", "stop", "length", "abort", "error", "exported"};
     return names[r];
 }
 
@@ -155,6 +155,20 @@ void request_output_finish(request_output *o, const blade_sched_seq *seq, blade_
     ev.token = -1;
     ev.finish = why;
     ev.error = error;
+    ev.text = "";
+    o->callback(&ev);
+}
+
+void request_output_export(request_output *o, const blade_sched_seq *seq, int32_t id, const blade_kv_export *ex)
+{
+    if (o->t_first_token == 0)
+        o->t_first_token = blade_clock_seconds();
+    blade_token_event ev = {0};
+    fill_usage(o, seq, &ev);
+    ev.token = id;
+    ev.completion_tokens = 1;
+    ev.finish = BLADE_FINISH_EXPORTED;
+    ev.kv_export = ex;
     ev.text = "";
     o->callback(&ev);
 }

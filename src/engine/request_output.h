@@ -68,6 +68,10 @@ int32_t request_output_sample(request_output *o, const float *logits);
 blade_finish_reason request_output_token(request_output *o, const output_vocab *v, const blade_sched_seq *seq,
                                          int32_t id, const float *logits);
 
+/* The last event of an export_kv choice: its first token (sampled, not yet emitted as
+ * text: the engine continuing it does that) and the KV export. */
+void request_output_export(request_output *o, const blade_sched_seq *seq, int32_t id, const blade_kv_export *ex);
+
 /* The last event of a choice that ends without a token (abort, error): token -1, no
  * text. */
 /* An embedding request's one event: its vector (n floats) and finish STOP. */

@@ -146,14 +146,19 @@ void blade_scheduler_add(blade_scheduler *s, blade_sched_seq *seq)
     list_push_back(&s->waiting[seq->cls], seq);
 }
 
-void blade_scheduler_remove(blade_scheduler *s, blade_sched_seq *seq)
+void blade_scheduler_detach(blade_scheduler *s, blade_sched_seq *seq)
 {
     if (seq->state == BLADE_SEQ_RUNNING)
         list_remove(&s->running, seq);
     else if (seq->state == BLADE_SEQ_WAITING)
         list_remove(&s->waiting[seq->cls], seq);
-    blade_kv_cache_release(s->kv, &seq->kv);
     seq->state = BLADE_SEQ_FINISHED;
+}
+
+void blade_scheduler_remove(blade_scheduler *s, blade_sched_seq *seq)
+{
+    blade_scheduler_detach(s, seq);
+    blade_kv_cache_release(s->kv, &seq->kv);
 }
 
 static int32_t blocks_for(const blade_scheduler *s, int32_t n_tokens)

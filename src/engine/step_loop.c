@@ -16,6 +16,36 @@
 
 /* ---- the live list: every choice the loop knows ---- */
 
+/* Places an imported prefill's blocks: the leading blocks the prefix cache holds, then the
+ * ones that travelled, as far as they reach without a gap; the rest of the prompt is
+ * computed again. All or nothing when the pool has no room: the whole prompt is computed. */
+static void place_import(blade_engine *e, request_state *r)
+{
+    blade_sched_seq *q = &r->seq;
+    int32_t bs = e->cfg.block_size, n_prompt = q->n_prompt;
+    int32_t matched = blade_kv_cache_match_prefix(e->kv, &q->kv, r->tokens, n_prompt + 1);
+    int32_t computed = matched;
+    if (blade_kv_cache_allocate(e->kv, &q->kv, n_prompt) == 0) {
+        for (int32_t b = matched / bs, j = 0; b * bs < n_prompt; b++) {
+            while (j < r->import_n_sent && r->import_sent[j] < b)
+                j++;
+            if (j == r->import_n_sent || r->import_sent[j] != b)
+                break;
+            blade_kv_store_copy_between(r->import_staging, j, e->store, q->kv.blocks[b]);
+            computed = (b + 1) * bs < n_prompt ? (b + 1) * bs : n_prompt;
+        }
+    }
+    /* Blocks past what was placed hold nothing yet: give them back so the scheduler
+     * allocates as it computes. */
+    if (computed == 0)
+        blade_kv_cache_release(e->kv, &q->kv);
+    q->n_computed = computed;
+    blade_kv_cache_commit(e->kv, &q->kv, r->tokens, computed);
+    blade_kv_store_free(r->import_staging);
+    r->import_staging = NULL;
+    r->tokens[q->n_tokens++] = r->import_first;
+}
+
 static void live_add(blade_engine *e, request_state *r)
 {
     blade_kv_cache_seq_init(&r->seq.kv, e->kv, r->salt, r->salt ? strlen(r->salt) : 0);
@@ -26,6 +56,8 @@ static void live_add(blade_engine *e, request_state *r)
     if (e->live)
         e->live->prev_live = r;
     e->live = r;
+    if (r->importing)
+        place_import(e, r);
     blade_scheduler_add(e->sched, &r->seq);
 }
 
@@ -57,6 +89,8 @@ static void release_followers(blade_engine *e, request_state *r)
  * the sequence still holds them. */
 static void retire(blade_engine *e, request_state *r)
 {
+    if (r->exported)
+        blade_kv_cache_release(e->kv, &r->seq.kv);
     if (r->pin_prefix && r->seq.n_computed >= r->seq.n_prompt)
         blade_kv_cache_pin_prefix(e->kv, r->tokens, r->seq.n_prompt, r->salt, r->salt ? strlen(r->salt) : 0);
     if (r->seq.state != BLADE_SEQ_FINISHED)
@@ -107,7 +141,7 @@ static void end_request(blade_engine *e, request_state *r, blade_finish_reason w
  * end_request. */
 static void finish(blade_engine *e, request_state *r, blade_finish_reason why, const char *error)
 {
-    if (r->padding) {
+    if (r->padding || r->exported) {
         end_request(e, r, why);
         return;
     }
@@ -118,6 +152,32 @@ static void finish(blade_engine *e, request_state *r, blade_finish_reason why, c
 }
 
 /* ---- one row of logits ---- */
+
+/* An export_kv request after its first token: it leaves the schedule holding its blocks,
+ * and its last event describes them (what blade_kv_export promises stays valid until the
+ * caller releases it). */
+static void export_prefill(blade_engine *e, request_state *r, int32_t first)
+{
+    blade_sched_seq *q = &r->seq;
+    int32_t bs = e->cfg.block_size, n_blocks = (q->n_prompt + bs - 1) / bs, n_full = q->n_prompt / bs;
+    r->export_blocks = malloc((size_t)n_blocks * sizeof *r->export_blocks);
+    r->export_hashes = malloc((size_t)(n_full ? n_full : 1) * sizeof *r->export_hashes);
+    if (!r->export_blocks || !r->export_hashes || q->kv.n_blocks < n_blocks ||
+        !blade_kv_cache_hash_chain(e->kv, &q->kv, r->tokens, n_full, r->export_hashes)) {
+        finish(e, r, BLADE_FINISH_ERROR, "cannot describe the prefill's KV blocks for export (out of memory)");
+        return;
+    }
+    memcpy(r->export_blocks, q->kv.blocks, (size_t)n_blocks * sizeof *r->export_blocks);
+    blade_scheduler_detach(e->sched, q);
+    r->exported = true;
+    r->export = (blade_kv_export){.tokens = r->tokens, .n_tokens = q->n_prompt, .first_token = first,
+                                  .blocks = r->export_blocks, .n_blocks = n_blocks,
+                                  .hashes = (const uint8_t(*)[BLADE_HASH_BYTES])r->export_hashes,
+                                  .n_hashes = n_full};
+    e->generated_tokens++;
+    e->finished++;
+    request_output_export(&r->out, q, first, &r->export);
+}
 
 /* Appends a chosen token (already in the sampler's history) to the sequence and emits it.
  * Returns true when the choice is finished: r may then be gone, and no further row of it
@@ -131,6 +191,10 @@ static bool emit_chosen(blade_engine *e, request_state *r, int32_t id, const flo
         finish(e, r, BLADE_FINISH_LENGTH, NULL); /* its fixed-shape buffer is full */
         return true;
     }
+    if (r->export_kv) {
+        export_prefill(e, r, id);
+        return true;
+    }
     release_followers(e, r);
     r->tokens[r->seq.n_tokens++] = id;
     e->generated_tokens++;
@@ -140,6 +204,21 @@ static bool emit_chosen(blade_engine *e, request_state *r, int32_t id, const flo
     e->finished++;
     end_request(e, r, why);
     return true;
+}
+
+/* The first token of an imported prefill, sampled by the engine that computed it: this
+ * choice's sampler skips the draw that took it, so later draws match that engine's. */
+static void emit_imported(blade_engine *e, request_state *r)
+{
+    int32_t id = r->tokens[r->seq.n_tokens - 1];
+    r->importing = false;
+    blade_sampler_skip_draws(r->out.sampler, 1);
+    e->generated_tokens++;
+    blade_finish_reason why = request_output_token(&r->out, &e->vocab, &r->seq, id, NULL);
+    if (why != BLADE_FINISH_NONE) {
+        e->finished++;
+        end_request(e, r, why);
+    }
 }
 
 /* ---- embeddings ---- */
@@ -208,7 +287,7 @@ static int32_t draft_room(const blade_engine *e, const request_state *r)
 {
     const blade_spec_config *sc = &e->cfg.spec;
     if (sc->mode == BLADE_SPEC_NONE || e->cfg.sched.mode == BLADE_SCHED_STATIC || !r->speculative || r->padding ||
-        r->pooling != BLADE_POOL_NONE ||
+        r->pooling != BLADE_POOL_NONE || r->export_kv ||
         r->seq.state != BLADE_SEQ_RUNNING || r->seq.n_tokens - r->seq.n_computed != 1)
         return 0;
     int32_t room = r->seq.max_total - r->seq.n_tokens;
@@ -347,6 +426,8 @@ static void take_incoming(blade_engine *e)
     while (in) {
         request_state *next = in->next_live;
         live_add(e, in);
+        if (in->importing)
+            emit_imported(e, in);
         in = next;
     }
     /* finishing a first choice starts its followers, so rescan until none is left */
@@ -432,7 +513,10 @@ static void run_step(blade_engine *e)
 
     /* forward */
     blade_error err = {{0}};
-    if (blade_runner_forward(e->runner, e->batch, plan.n_items, &err)) {
+    pthread_mutex_unlock(&e->kv_mu);
+    int failed = blade_runner_forward(e->runner, e->batch, plan.n_items, &err);
+    pthread_mutex_lock(&e->kv_mu);
+    if (failed) {
         for (int32_t i = 0; i < plan.n_items; i++)
             finish(e, (request_state *)plan.items[i].seq, BLADE_FINISH_ERROR, err.msg);
         return;
@@ -579,16 +663,20 @@ void *engine_loop(void *arg)
     blade_engine *e = arg;
     bool abort_all;
     while (!wait_for_work(e, &abort_all)) {
+        pthread_mutex_lock(&e->kv_mu);
         take_incoming(e);
         run_step(e);
         publish_stats(e);
+        pthread_mutex_unlock(&e->kv_mu);
     }
+    pthread_mutex_lock(&e->kv_mu);
     e->quitting = true;
     take_incoming(e);
     if (abort_all)
         while (e->live)
             finish(e, e->live, BLADE_FINISH_ABORT, NULL);
     publish_stats(e);
+    pthread_mutex_unlock(&e->kv_mu);
     pthread_mutex_lock(&e->mu);
     e->loop_idle = true;
     pthread_cond_broadcast(&e->idle);

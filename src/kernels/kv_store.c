@@ -197,10 +197,15 @@ void blade_kv_store_read_head(const blade_kv_store *s, int32_t layer, int32_t bl
 
 void blade_kv_store_copy_block(const blade_kv_store *s, int32_t from, int32_t to)
 {
-    for (int32_t l = 0; l < s->n_layer; l++) {
-        size_t src = ((size_t)l * s->n_blocks + (size_t)from) * s->block_stride;
-        size_t dst = ((size_t)l * s->n_blocks + (size_t)to) * s->block_stride;
-        memcpy(s->k + dst, s->k + src, s->block_stride);
-        memcpy(s->v + dst, s->v + src, s->block_stride);
+    blade_kv_store_copy_between(s, from, s, to);
+}
+
+void blade_kv_store_copy_between(const blade_kv_store *src, int32_t from, const blade_kv_store *dst, int32_t to)
+{
+    for (int32_t l = 0; l < src->n_layer; l++) {
+        size_t a = ((size_t)l * src->n_blocks + (size_t)from) * src->block_stride;
+        size_t b = ((size_t)l * dst->n_blocks + (size_t)to) * dst->block_stride;
+        memcpy(dst->k + b, src->k + a, src->block_stride);
+        memcpy(dst->v + b, src->v + a, src->block_stride);
     }
 }

@@ -412,6 +412,14 @@ static int32_t draw(const cand_key *keys, const aux_slot *aux, size_t m, double 
     return key_id(keys[m - 1]);
 }
 
+void blade_sampler_skip_draws(blade_sampler *s, int32_t n)
+{
+    if (s->p.temperature <= 0.0f)
+        return;
+    for (int32_t i = 0; i < n; i++)
+        blade_rng_uniform(&s->rng);
+}
+
 /* The candidates a draw chooses from, after top-k, temperature, top-p and min-p: their
  * keys and weights in s->keys and s->aux, the count returned (0: none), their weights'
  * sum in *total. s->logits holds the penalised row. */

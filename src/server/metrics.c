@@ -99,6 +99,13 @@ void metrics_in_flight(metrics *m, int delta)
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_remote_prefill(metrics *m, blade_disagg_cause cause)
+{
+    pthread_mutex_lock(&m->mu);
+    m->d.remote_prefills[cause]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 static void out_printf(api_buf *out, const char *fmt, ...) BLADE_PRINTF(2, 3);
 static void out_printf(api_buf *out, const char *fmt, ...)
 {
@@ -162,6 +169,24 @@ void metrics_render(metrics *m, blade_engine *e, api_buf *out)
     hist(out, "inter_token_latency_seconds", "Time between consecutive tokens of a choice.", &snap.itl);
     hist(out, "e2e_request_latency_seconds", "Time from receiving a request to its last token.", &snap.e2e);
     hist(out, "request_queue_time_seconds", "Time a request waited before it was first scheduled.", &snap.queue);
+
+    header(out, "remote_prefills_total", "counter",
+           "Decode role: prompts sent to a prefill worker, by outcome (other than ok: computed here instead).");
+    for (int c = 0; c < BLADE_DISAGG_CAUSES; c++)
+        out_printf(out, "blade:remote_prefills_total{result=\"%s\"} %llu\n", blade_disagg_cause_name(c),
+                   (unsigned long long)snap.remote_prefills[c]);
+    if (m->prefill) {
+        blade_prefill_service_stats ps;
+        blade_prefill_service_stats_get(m->prefill, &ps);
+        scalar(out, "prefill_service_served_total", "counter", "Prefill role: prefills shipped to decode workers.",
+               (double)ps.served);
+        scalar(out, "prefill_service_failed_total", "counter",
+               "Prefill role: decode workers' requests that failed (each logged with its reason).", (double)ps.failed);
+        scalar(out, "prefill_service_blocks_sent_total", "counter", "Prefill role: KV blocks shipped.",
+               (double)ps.blocks_sent);
+        scalar(out, "prefill_service_blocks_skipped_total", "counter",
+               "Prefill role: KV blocks not shipped because the decode worker held them.", (double)ps.blocks_skipped);
+    }
 
     if (!e)
         return;

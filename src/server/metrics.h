@@ -8,6 +8,7 @@
 
 #include "api/buf.h"
 #include "api/job.h"
+#include "blade/disagg.h"
 #include "blade/semantic_cache.h"
 
 #include <pthread.h>
@@ -35,11 +36,13 @@ typedef struct metrics_data {
     uint64_t prompt_tokens, generation_tokens, cached_tokens;
     metrics_hist ttft, tpot, itl, e2e, queue;
     int64_t http_in_flight;
+    uint64_t remote_prefills[BLADE_DISAGG_CAUSES]; /* decode role: by outcome */
 } metrics_data;
 
 typedef struct metrics {
     pthread_mutex_t mu;
     metrics_data d;
+    blade_prefill_service *prefill; /* prefill role: its counters are shown too */
 } metrics;
 
 void metrics_init(metrics *m);
@@ -49,6 +52,8 @@ void metrics_count_status(metrics *m, int status);
 void metrics_observe(metrics *m, const api_timing *t);
 void metrics_observe_e2e(metrics *m, double seconds);
 void metrics_in_flight(metrics *m, int delta);
+/* A remote prefill tried for a request (decode role), by outcome. */
+void metrics_remote_prefill(metrics *m, blade_disagg_cause cause);
 /* The text exposition format; e may be NULL while the model loads. */
 void metrics_render(metrics *m, blade_engine *e, api_buf *out);
 /* The semantic cache's figures (blade:semantic_cache_*). */

@@ -69,6 +69,8 @@ struct server {
     int queued;   /* jobs that have not produced an event yet */
     conn *active;
     metrics m;
+    char role[16];     /* both, prefill or decode */
+    char kv_addr[300]; /* prefill role: HOST:PORT of the KV service */
 };
 
 static double now(void)
@@ -434,6 +436,42 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
     }
 }
 
+/* Decode role: has a prefill worker compute the request's prompt; true with req->import
+ * pointing into rp when it did. A failure is logged and counted, and the prompt is then
+ * computed here: the answer is the same. */
+static bool remote_prefill(conn *c, api_request *req, blade_remote_prefill *rp)
+{
+    server *s = c->s;
+    if (!s->cfg.disagg || req->ep == API_EMBEDDINGS || req->n_prompts != 1 || req->n != 1 || req->logprobs >= 0)
+        return false;
+    const char *peer = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "X-Blade-Prefill");
+    if (!peer || !*peer)
+        peer = s->cfg.prefill_peer;
+    if (!peer || !*peer)
+        return false;
+    char host[256];
+    uint16_t port;
+    blade_error err = {{0}};
+    blade_disagg_cause cause = BLADE_DISAGG_LOCAL;
+    if (!blade_disagg_parse_peer(peer, host, sizeof host, &port, &err)) {
+        blade_request q;
+        blade_request_default(&q);
+        q.prompt_tokens = req->prompts[0].tokens;
+        q.n_prompt_tokens = req->prompts[0].n_tokens;
+        q.sampling = req->sampling;
+        q.cache_salt = req->cache_salt;
+        cause = blade_remote_prefill_run(s->am->engine, s->cfg.disagg, host, port, &q, rp, &err);
+    }
+    metrics_remote_prefill(&s->m, cause);
+    if (cause != BLADE_DISAGG_OK) {
+        fprintf(stderr, "blade serve: remote prefill at %s not used (%s): %s; computing the prompt here\n", peer,
+                blade_disagg_cause_name(cause), err.msg);
+        return false;
+    }
+    req->import = &rp->in.import;
+    return true;
+}
+
 /* The key the client presented (whether or not the server checks keys): half of its
  * tenant in the semantic cache. */
 static const char *presented_key(conn *c)
@@ -515,7 +553,11 @@ static enum MHD_Result serve_completion(conn *c)
         }
     }
     bool stream = req.stream;
+    blade_remote_prefill rp;
+    bool remote = remote_prefill(c, &req, &rp);
     c->job = api_job_submit(s->am, &req, &c->sink, c->t_start, &err);
+    if (remote)
+        blade_remote_prefill_free(&rp);
     if (!c->job)
         return respond_error(c, &err);
     /* While the job runs, silence on the wire is the engine thinking (a long queue or
@@ -560,7 +602,16 @@ static enum MHD_Result serve_get(conn *c)
     pthread_mutex_unlock(&s->mu);
     if (c->route == R_HEALTH) {
         const char *word = st == S_READY ? "ok" : st == S_LOADING ? "loading" : "draining";
-        return respond_json(c, st == S_READY ? 200 : 503, json_pack("{s:s}", "status", word));
+        json_t *j = json_pack("{s:s, s:s}", "status", word, "role", s->role);
+        /* what a router pairs workers by: KV from engines with another fingerprint never mixes */
+        if (j && st != S_LOADING) {
+            char hex[2 * BLADE_ENGINE_FINGERPRINT_BYTES + 1];
+            blade_engine_fingerprint_hex(s->am->engine, hex);
+            json_object_set_new(j, "kv_fingerprint", json_string(hex));
+        }
+        if (j && s->kv_addr[0])
+            json_object_set_new(j, "kv", json_string(s->kv_addr));
+        return respond_json(c, st == S_READY ? 200 : 503, j);
     }
     if (c->route == R_METRICS) {
         api_buf out = {0};
@@ -743,6 +794,7 @@ server *server_start(const server_config *cfg, blade_error *err)
     if (!s)
         return blade_error_set(err, "out of memory"), NULL;
     s->cfg = *cfg;
+    snprintf(s->role, sizeof s->role, "both");
     if (cfg->api_key) {
         s->has_key = true;
         key_digest(cfg->api_key, strlen(cfg->api_key), s->key_hash);
@@ -801,6 +853,15 @@ void server_set_model(server *s, api_model *am)
     pthread_mutex_lock(&s->mu);
     s->am = am;
     s->state = S_READY;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void server_set_role(server *s, const char *role, blade_prefill_service *ps, const char *kv_addr)
+{
+    pthread_mutex_lock(&s->mu);
+    snprintf(s->role, sizeof s->role, "%s", role);
+    snprintf(s->kv_addr, sizeof s->kv_addr, "%s", kv_addr ? kv_addr : "");
+    s->m.prefill = ps;
     pthread_mutex_unlock(&s->mu);
 }
 

@@ -14,6 +14,7 @@
  * enforces the head and body deadlines. */
 
 #include "api/model.h"
+#include "blade/disagg.h"
 #include "blade/error.h"
 #include "blade/semantic_cache.h"
 
@@ -35,6 +36,11 @@ typedef struct server_config {
     double header_timeout; /* seconds from connect (or the previous answer plus idle_timeout)
                             * to a complete request head; no byte extends it */
     double body_timeout;   /* seconds from a complete head to a complete body */
+    /* Decode role: prompts of single-choice requests without logprobs are computed by a
+     * prefill worker (the X-Blade-Prefill: HOST:PORT header's, else prefill_peer's) and
+     * imported; when that fails the prompt is computed here. NULL: colocated. */
+    const blade_disagg_config *disagg;
+    const char *prefill_peer;
 } server_config;
 
 typedef struct server server;
@@ -47,6 +53,9 @@ int server_port(const server *s);
 void server_set_semantic_cache(server *s, blade_semcache *c);
 /* The model is loaded: requests are served from now on. am must outlive the server. */
 void server_set_model(server *s, api_model *am);
+/* The worker's role for /health (a router reads it); prefill role: its KV service, whose
+ * counters /metrics shows, and the address decode workers reach it at. */
+void server_set_role(server *s, const char *role, blade_prefill_service *ps, const char *kv_addr);
 /* Stops taking new requests (503, /health 503), lets in-flight ones finish for up to
  * drain_timeout seconds, then aborts what is left and waits for it to end. */
 void server_drain(server *s);

@@ -1,0 +1,27 @@
+#ifndef BLADE_TEST_CLUSTER_HARNESS_H
+#define BLADE_TEST_CLUSTER_HARNESS_H
+
+/* Helpers of the tests that run blade processes in network namespaces (cluster/netns.h):
+ * starting servers in a host, HTTP through curl inside a host, reading /metrics, and the
+ * generated text of an OpenAI response or stream. */
+
+#include "cluster/netns.h"
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+/* curl inside host i with args; its stdout (malloc'd, "" when it failed). */
+char *ns_curl(const blade_netns *net, int i, const char *args);
+/* Waits up to 30 s for http://ADDR:port/health in host i to answer 200; fails the test. */
+void ns_wait_healthy(const blade_netns *net, int i, int port);
+/* `blade <args>` in host i (words split at spaces), output appended to log. */
+pid_t ns_blade(blade_netns *net, int i, const char *args, const char *log);
+/* POST body to http://host:port/v1/completions from host `from`. */
+char *ns_complete(const blade_netns *net, int from, const char *host, int port, const char *body);
+/* A sample of a Prometheus text page at host:port/metrics, -1 when absent. */
+long ns_metric(const blade_netns *net, int from, const char *host, int port, const char *sample);
+/* Every "text" of a response or stream joined with '|', then the first finish_reason:
+ * what must match between two servers (ids and timestamps differ). malloc'd. */
+char *completion_text(const char *resp);
+
+#endif
