@@ -127,6 +127,11 @@ static void request_of(const spec *s, result *r, blade_request *q)
     q->max_tokens = s->max_tokens;
     q->sampling.temperature = s->temperature;
     q->sampling.seed = s->seed;
+    /* penalties read the history, which must hold the first token the prefill engine chose */
+    if (s->temperature > 0) {
+        q->sampling.presence_penalty = 1.5f;
+        q->sampling.repeat_penalty = 1.3f;
+    }
     q->ignore_eos = true;
     q->callback = on_token;
     q->user = r;

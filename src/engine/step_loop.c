@@ -213,6 +213,7 @@ static void emit_imported(blade_engine *e, request_state *r)
     int32_t id = r->tokens[r->seq.n_tokens - 1];
     r->importing = false;
     blade_sampler_skip_draws(r->out.sampler, 1);
+    blade_sampler_accept(r->out.sampler, id, true);
     e->generated_tokens++;
     blade_finish_reason why = request_output_token(&r->out, &e->vocab, &r->seq, id, NULL);
     if (why != BLADE_FINISH_NONE) {
