@@ -15,54 +15,12 @@
 #define N_REQ 32
 #define MAX_GEN 40
 
-typedef struct result {
-    int32_t tokens[MAX_GEN + 1];
-    int32_t n;
-    float *logits; /* [MAX_GEN + 1][n_vocab] */
-    int32_t n_vocab;
-    blade_finish_reason finish;
-    int32_t cached;
-    char text[8192];
-    size_t text_len;
-    pthread_mutex_t mu;
-    bool done;
-} result;
-
-static void on_token(const blade_token_event *ev)
-{
-    result *r = ev->user;
-    pthread_mutex_lock(&r->mu);
-    if (ev->token >= 0 && r->n <= MAX_GEN) {
-        r->tokens[r->n] = ev->token;
-        if (ev->logits && r->logits)
-            memcpy(r->logits + (size_t)r->n * r->n_vocab, ev->logits, (size_t)r->n_vocab * sizeof(float));
-        r->n++;
-    }
-    if (r->text_len + ev->text_len < sizeof r->text) {
-        memcpy(r->text + r->text_len, ev->text, ev->text_len);
-        r->text_len += ev->text_len;
-        r->text[r->text_len] = 0;
-    }
-    if (ev->finish != BLADE_FINISH_NONE) {
-        r->finish = ev->finish;
-        r->cached = ev->cached_tokens;
-        r->done = true;
-    }
-    pthread_mutex_unlock(&r->mu);
-}
+/* Each request's events, as the engine delivered them. */
+typedef test_record result;
 
 static void result_init(result *r, int32_t n_vocab)
 {
-    memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    r->n_vocab = n_vocab;
-    r->logits = calloc((size_t)(MAX_GEN + 1) * n_vocab, sizeof(float));
-}
-
-static void result_free(result *r)
-{
-    free(r->logits);
-    pthread_mutex_destroy(&r->mu);
+    test_record_init(r, MAX_GEN + 1, n_vocab);
 }
 
 typedef struct spec {
@@ -123,7 +81,7 @@ static uint64_t submit(blade_engine *e, const spec *s, result *r, bool logits)
     q.cache_salt = s->salt;
     q.ignore_eos = s->ignore_eos;
     q.want_logits = logits;
-    q.callback = on_token;
+    q.callback = test_record_event;
     q.user = r;
     blade_error err = {{0}};
     uint64_t id = blade_engine_submit(e, &q, &err);
@@ -234,7 +192,7 @@ static void check_invariance_under_load(blade_kv_type kv_type)
         for (int i = 0; i < N_REQ; i++) {
             assert_true(got[i].done);
             assert_same(&alone[i], &got[i], i, what);
-            result_free(&got[i]);
+            test_record_free(&got[i]);
         }
         blade_engine_stats st;
         blade_engine_stats_get(e, &st);
@@ -249,7 +207,7 @@ static void check_invariance_under_load(blade_kv_type kv_type)
         free(got);
     }
     for (int i = 0; i < N_REQ; i++)
-        result_free(&alone[i]);
+        test_record_free(&alone[i]);
     free(alone);
     free(specs);
     blade_model_free(m);
@@ -342,8 +300,8 @@ static void test_static_batch_pads_finished_seats(void **state)
     blade_engine_free(e, true);
     for (int i = 0; i < 3; i++) {
         if (i)
-            result_free(&alone[i]);
-        result_free(&got[i]);
+            test_record_free(&alone[i]);
+        test_record_free(&got[i]);
     }
     free(specs);
     blade_model_free(m);
@@ -385,9 +343,9 @@ static void test_prefix_reuse_and_salt(void **state)
     assert_int_equal(rc.cached, 0);
     assert_int_equal(computed(e), 1000 + 40 + 1000);
     assert_clean(e, "prefix reuse");
-    result_free(&ra);
-    result_free(&rb);
-    result_free(&rc);
+    test_record_free(&ra);
+    test_record_free(&rb);
+    test_record_free(&rc);
     free(a);
     free(b);
     blade_engine_free(e, true);
@@ -400,7 +358,7 @@ static void on_choice(const blade_token_event *ev)
     result *choices = ev->user;
     blade_token_event copy = *ev;
     copy.user = &choices[ev->choice];
-    on_token(&copy);
+    test_record_event(&copy);
 }
 
 /* n = 3 choices: the later ones start from the first one's cached prompt blocks and
@@ -441,11 +399,11 @@ static void test_choices_share_prompt(void **state)
     }
     /* prompt once, the 4-token tail twice more, 4 decode steps per choice */
     assert_int_equal(computed(e), 100 + 4 + 4 + 3 * 4);
-    assert_true(memcmp(choices[0].tokens, choices[1].tokens, sizeof choices[0].tokens) != 0 ||
-                memcmp(choices[1].tokens, choices[2].tokens, sizeof choices[0].tokens) != 0);
+    assert_true(memcmp(choices[0].tokens, choices[1].tokens, (size_t)choices[0].n * sizeof *choices[0].tokens) != 0 ||
+                memcmp(choices[1].tokens, choices[2].tokens, (size_t)choices[0].n * sizeof *choices[0].tokens) != 0);
     assert_clean(e, "choices");
     for (int i = 0; i < 3; i++)
-        result_free(&choices[i]);
+        test_record_free(&choices[i]);
     blade_engine_free(e, true);
     blade_model_free(m);
     free(path);
@@ -482,7 +440,7 @@ static void test_abort_frees_blocks(void **state)
     assert_int_equal(r.finish, BLADE_FINISH_ABORT);
     assert_clean(e, "abort");
     assert_false(blade_engine_abort(e, 999999));
-    result_free(&r);
+    test_record_free(&r);
     free(s);
     blade_engine_free(e, true);
     blade_model_free(m);
@@ -501,7 +459,7 @@ static void test_rejects_bad_requests(void **state)
     int32_t toks[2] = {5, 400};
     q.prompt_tokens = toks;
     q.n_prompt_tokens = 2;
-    q.callback = on_token;
+    q.callback = test_record_event;
     assert_int_equal(blade_engine_submit(e, &q, &err), 0);
     assert_non_null(strstr(err.msg, "outside the vocabulary"));
     toks[1] = 6;
@@ -536,7 +494,7 @@ static void test_stop_strings_real_model(void **state)
     q.max_tokens = 100;
     q.stop = stops;
     q.n_stop = 2;
-    q.callback = on_token;
+    q.callback = test_record_event;
     q.user = &r;
     assert_true(blade_engine_submit(e, &q, &err) > 0);
     blade_engine_wait_idle(e);
@@ -553,8 +511,8 @@ static void test_stop_strings_real_model(void **state)
     assert_int_equal(r2.finish, BLADE_FINISH_LENGTH);
     assert_int_equal(r2.n, 12);
     assert_string_equal(r2.text, ", there was a little girl named Lily. She");
-    result_free(&r);
-    result_free(&r2);
+    test_record_free(&r);
+    test_record_free(&r2);
     blade_engine_free(e, true);
     blade_model_free(m);
     free(path);

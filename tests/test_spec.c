@@ -21,60 +21,12 @@
 #define MAX_GEN 64
 #define N_PROMPTS 10
 
-typedef struct result {
-    int32_t tokens[MAX_GEN + 1];
-    float logprob[MAX_GEN + 1];
-    int32_t top_ids[MAX_GEN + 1][3];
-    float top_lp[MAX_GEN + 1][3];
-    int32_t n;
-    float *logits; /* [MAX_GEN + 1][n_vocab] */
-    int32_t n_vocab;
-    blade_finish_reason finish;
-    char text[4096];
-    size_t text_len;
-    pthread_mutex_t mu;
-    bool done;
-} result;
-
-static void on_token(const blade_token_event *ev)
-{
-    result *r = ev->user;
-    pthread_mutex_lock(&r->mu);
-    if (ev->token >= 0 && r->n <= MAX_GEN) {
-        r->tokens[r->n] = ev->token;
-        r->logprob[r->n] = ev->logprob;
-        for (int j = 0; j < ev->n_top && j < 3; j++) {
-            r->top_ids[r->n][j] = ev->top_ids[j];
-            r->top_lp[r->n][j] = ev->top_logprobs[j];
-        }
-        if (ev->logits)
-            memcpy(r->logits + (size_t)r->n * r->n_vocab, ev->logits, (size_t)r->n_vocab * sizeof(float));
-        r->n++;
-    }
-    if (r->text_len + ev->text_len < sizeof r->text) {
-        memcpy(r->text + r->text_len, ev->text, ev->text_len);
-        r->text_len += ev->text_len;
-        r->text[r->text_len] = 0;
-    }
-    if (ev->finish != BLADE_FINISH_NONE) {
-        r->finish = ev->finish;
-        r->done = true;
-    }
-    pthread_mutex_unlock(&r->mu);
-}
+/* Each request's events, as the engine delivered them. */
+typedef test_record result;
 
 static void result_init(result *r, int32_t n_vocab)
 {
-    memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    r->n_vocab = n_vocab;
-    r->logits = calloc((size_t)(MAX_GEN + 1) * n_vocab, sizeof(float));
-}
-
-static void result_free(result *r)
-{
-    free(r->logits);
-    pthread_mutex_destroy(&r->mu);
+    test_record_init(r, MAX_GEN + 1, n_vocab);
 }
 
 typedef struct job {
@@ -242,7 +194,7 @@ static void submit(blade_engine *e, const job *j, result *r)
     q.n_stop = j->n_stop;
     q.logprobs = 3;
     q.want_logits = true;
-    q.callback = on_token;
+    q.callback = test_record_event;
     q.user = r;
     blade_error err = {{0}};
     if (!blade_engine_submit(e, &q, &err))
@@ -319,7 +271,7 @@ static void run_plain(const blade_model *m, const job *jobs, int n, result *out)
 static void free_results(result *r, int n)
 {
     for (int i = 0; i < n; i++)
-        result_free(&r[i]);
+        test_record_free(&r[i]);
 }
 
 static void run_all(blade_engine *e, const job *jobs, int n, result *out, int32_t n_vocab, bool one_by_one)
@@ -363,7 +315,7 @@ static void check_bit_identical(const engine_shape *shapes, size_t n_shapes)
                 assert_same(&ref[i], &got[i], i, what);
             else
                 assert_int_equal(got[i].n, jobs[i].max_tokens);
-            result_free(&got[i]);
+            test_record_free(&got[i]);
         }
         blade_engine_stats st;
         blade_engine_stats_get(e, &st);
@@ -517,9 +469,9 @@ static void test_prefix_cache_holds_no_rejected_token(void **state)
     run_plain(m, again, N_PROMPTS, ref);
     for (int i = 0; i < N_PROMPTS; i++) {
         assert_same(&ref[i], &got[i], i, "prompt + speculative output, from the prefix cache");
-        result_free(&got[i]);
-        result_free(&ref[i]);
-        result_free(&first[i]);
+        test_record_free(&got[i]);
+        test_record_free(&ref[i]);
+        test_record_free(&first[i]);
     }
     free(again);
     free(jobs);
@@ -568,9 +520,9 @@ static void test_stop_inside_accepted_run(void **state)
         assert_same(&plain_cut[i], &got[i], i, "stop string / max_tokens inside a run");
         if (i % 2 == 0)
             assert_int_equal(got[i].n, cut[i].max_tokens);
-        result_free(&got[i]);
-        result_free(&plain_cut[i]);
-        result_free(&ref[i]);
+        test_record_free(&got[i]);
+        test_record_free(&plain_cut[i]);
+        test_record_free(&ref[i]);
     }
     free(cut);
     free(jobs);
@@ -832,7 +784,7 @@ static void test_adaptive_engine_backs_off(void **state)
         for (int i = 0; i < N_PROMPTS; i++) {
             if (jobs[i].temperature == 0)
                 assert_same(&ref[i], &got[i], i, flat ? "adaptive, free verify" : "adaptive, dear verify");
-            result_free(&got[i]);
+            test_record_free(&got[i]);
         }
         blade_engine_stats st;
         blade_engine_stats_get(e, &st);

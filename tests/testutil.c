@@ -239,3 +239,59 @@ char *synth_small_model(const char *name, uint64_t seed)
         fail_msg("%s", err.msg);
     return path;
 }
+
+void test_record_init(test_record *r, int32_t cap, int32_t n_vocab)
+{
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    r->cap = cap;
+    r->n_vocab = n_vocab;
+    r->tokens = calloc((size_t)cap, sizeof *r->tokens);
+    r->logprob = calloc((size_t)cap, sizeof *r->logprob);
+    r->top_ids = calloc((size_t)cap, sizeof *r->top_ids);
+    r->top_lp = calloc((size_t)cap, sizeof *r->top_lp);
+    r->logits = n_vocab > 0 ? calloc((size_t)cap * (size_t)n_vocab, sizeof *r->logits) : NULL;
+    assert_non_null(r->tokens);
+    assert_non_null(r->logprob);
+    assert_non_null(r->top_ids);
+    assert_non_null(r->top_lp);
+    assert_true(n_vocab <= 0 || r->logits);
+}
+
+void test_record_event(const blade_token_event *ev)
+{
+    test_record *r = ev->user;
+    pthread_mutex_lock(&r->mu);
+    if (ev->token >= 0 && r->n < r->cap) {
+        r->tokens[r->n] = ev->token;
+        r->logprob[r->n] = ev->logprob;
+        for (int j = 0; j < ev->n_top && j < 3; j++) {
+            r->top_ids[r->n][j] = ev->top_ids[j];
+            r->top_lp[r->n][j] = ev->top_logprobs[j];
+        }
+        if (ev->logits && r->logits)
+            memcpy(r->logits + (size_t)r->n * r->n_vocab, ev->logits, (size_t)r->n_vocab * sizeof(float));
+        r->n++;
+    }
+    if (r->text_len + ev->text_len < sizeof r->text) {
+        memcpy(r->text + r->text_len, ev->text, ev->text_len);
+        r->text_len += ev->text_len;
+        r->text[r->text_len] = 0;
+    }
+    if (ev->finish != BLADE_FINISH_NONE) {
+        r->finish = ev->finish;
+        r->cached = ev->cached_tokens;
+        r->done = true;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+void test_record_free(test_record *r)
+{
+    free(r->tokens);
+    free(r->logprob);
+    free(r->top_ids);
+    free(r->top_lp);
+    free(r->logits);
+    pthread_mutex_destroy(&r->mu);
+}

@@ -7,9 +7,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "blade/engine.h"
 #include "blade/kernels.h"
 #include "blade/model.h"
 
@@ -53,5 +55,29 @@ int run_blade_within(int seconds, const char *args, char **out, int merge_stderr
  * ru_maxrss) and how long it ran, in wall seconds. */
 struct rusage;
 int run_blade_usage(const char *args, char **out, int merge_stderr, struct rusage *usage, double *wall_s);
+
+/* What one engine request delivered, gathered by test_record_event (the request's callback,
+ * with the record as its user): each token with its logprob and top 3, a copy of each
+ * token's logits when the record was made with n_vocab > 0, the text, how it finished. */
+typedef struct test_record {
+    int32_t *tokens;
+    float *logprob;
+    int32_t (*top_ids)[3];
+    float (*top_lp)[3];
+    int32_t n, cap;
+    float *logits; /* [cap][n_vocab], or NULL */
+    int32_t n_vocab;
+    blade_finish_reason finish;
+    int32_t cached;
+    char text[8192];
+    size_t text_len;
+    pthread_mutex_t mu;
+    bool done;
+} test_record;
+
+/* Room for cap tokens (later ones are counted out of the record but not kept). */
+void test_record_init(test_record *r, int32_t cap, int32_t n_vocab);
+void test_record_event(const blade_token_event *ev);
+void test_record_free(test_record *r);
 
 #endif
