@@ -138,7 +138,7 @@ static int cmp_double(const void *a, const void *b)
 }
 
 #define MEASURE_CTX 32
-#define MEASURE_REPS 3
+#define MEASURE_REPS 5
 
 int spec_measure_cost(blade_runner *r, int32_t n_vocab, int32_t store_blocks, int32_t block_size, double *cost,
                       int32_t n_cost, double *one_step_s)
@@ -179,10 +179,16 @@ int spec_measure_cost(blade_runner *r, int32_t n_vocab, int32_t store_blocks, in
         qsort(t + (size_t)n * MEASURE_REPS, MEASURE_REPS, sizeof *t, cmp_double);
     double one = t[MEASURE_REPS + MEASURE_REPS / 2];
     *one_step_s = one;
+    /* A step of more tokens never costs less, so the curve is made non-decreasing, from
+     * the right: interference from other work only ever slows a timed step, and one slow
+     * median must not raise every point after it (that hid k = 3 and 4 behind a T = 3
+     * outlier on a shared machine); the lowest later point bounds it instead. */
     cost[0] = 0;
-    for (int32_t n = 1; n <= n_cost; n++) {
+    cost[1] = 1.0;
+    for (int32_t n = n_cost; n >= 2; n--) {
         double c = t[(size_t)n * MEASURE_REPS + MEASURE_REPS / 2] / (one > 0 ? one : 1);
-        cost[n] = n == 1 ? 1.0 : fmax(c, cost[n - 1]);
+        c = c > 1.0 ? c : 1.0;
+        cost[n] = n < n_cost && cost[n + 1] < c ? cost[n + 1] : c;
     }
     rc = 0;
 out:
