@@ -738,6 +738,16 @@ static void test_policy(void **state)
     c[0] = (spec_cand){.alpha = 0.9, .k_max = 8};
     choose(flat, 17, 1, 1, 0.5, c, 1);
     assert_int_equal(c[0].k, 3);
+    /* a curve with a step (a third token fills a new tile): the first draft past the step
+     * lowers the ratio, the ones after it are free and raise it beyond the one-draft
+     * step's, so the policy takes them all */
+    double stepped[6] = {0, 1, 1, 1.5, 1.5, 1.5};
+    c[0] = (spec_cand){.alpha = 0.8, .k_max = 4};
+    choose(stepped, 5, 1, 1, 0, c, 1);
+    assert_int_equal(c[0].k, 4);
+    c[0] = (spec_cand){.alpha = 0.8, .k_max = 2};
+    choose(stepped, 5, 1, 1, 0, c, 1);
+    assert_int_equal(c[0].k, 1);
     /* past the measured curve, the last slope goes on */
     c[0] = (spec_cand){.alpha = 0.99, .k_max = 16};
     choose(knee4, 5, 1, 1, 0, c, 1);

@@ -70,43 +70,64 @@ static double step_cost(const double *cost, int32_t n_cost, int32_t t)
 {
     if (t <= n_cost)
         return cost[t];
-    double slope = n_cost > 1 ? (cost[n_cost] - cost[1]) / (n_cost - 1) : 1.0;
-    /* beyond the measured range a step is at least as dear per token as its last stretch */
-    return cost[n_cost] + slope * (t - n_cost);
+    /* Beyond the measured range a token costs at least what the last stretch did, and at
+     * least the measured step's cost per token: a curve still flat at its end (a few tokens
+     * are as memory-bound as one) must not promise that many sequences' drafts are free,
+     * and a step is never cheaper per token than a smaller one once compute binds. */
+    double last = n_cost > 1 ? cost[n_cost] - cost[n_cost - 1] : 1.0;
+    double per_token = cost[n_cost] / n_cost;
+    return cost[n_cost] + (last > per_token ? last : per_token) * (t - n_cost);
+}
+
+/* The draft most likely to be kept next: the next of the sequence whose drafts so far are
+ * the likeliest to have all been accepted; -1 when every sequence has its k_max. */
+static int32_t likeliest_next(const spec_cand *c, int32_t n, double *gain)
+{
+    int32_t best = -1;
+    *gain = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (c[i].k >= c[i].k_max)
+            continue;
+        double g = pow(c[i].alpha, c[i].k + 1);
+        if (g > *gain) {
+            *gain = g;
+            best = i;
+        }
+    }
+    return best;
 }
 
 void spec_policy_choose(const double *cost, int32_t n_cost, double base_value, int32_t base_tokens, double draft_cost,
                         spec_cand *c, int32_t n)
 {
-    double value = base_value;
-    int32_t tokens = base_tokens > 0 ? base_tokens : 1, k_top = 0;
     for (int32_t i = 0; i < n; i++)
         c[i].k = 0;
+    /* The whole order is walked, not stopped at the first draft that does not pay: a
+     * measured curve has steps (a tile of tokens filling up), so a draft that lowers the
+     * ratio can be followed by several nearly free ones that raise it past where it was. */
+    double value = base_value, best_ratio = 0;
+    int32_t tokens = base_tokens > 0 ? base_tokens : 1, k_top = 0, handed = 0, best_handed = 0;
     for (;;) {
-        /* the draft most likely to be kept: the next of the sequence whose drafts so far
-         * are the likeliest to have all been accepted */
-        int32_t best = -1;
-        double gain = 0;
-        for (int32_t i = 0; i < n; i++) {
-            if (c[i].k >= c[i].k_max)
-                continue;
-            double g = pow(c[i].alpha, c[i].k + 1);
-            if (g > gain) {
-                gain = g;
-                best = i;
-            }
+        double ratio = value / (step_cost(cost, n_cost, tokens) + draft_cost * k_top);
+        if (ratio > best_ratio) {
+            best_ratio = ratio;
+            best_handed = handed;
         }
-        if (best < 0)
-            return;
-        int32_t k_next = c[best].k + 1 > k_top ? c[best].k + 1 : k_top;
-        double now = value / (step_cost(cost, n_cost, tokens) + draft_cost * k_top);
-        double then = (value + gain) / (step_cost(cost, n_cost, tokens + 1) + draft_cost * k_next);
-        if (then <= now)
-            return;
-        c[best].k++;
+        double gain;
+        int32_t next = likeliest_next(c, n, &gain);
+        if (next < 0 || gain <= 0)
+            break;
+        c[next].k++;
+        k_top = c[next].k > k_top ? c[next].k : k_top;
         value += gain;
         tokens++;
-        k_top = k_next;
+        handed++;
+    }
+    for (int32_t i = 0; i < n; i++)
+        c[i].k = 0;
+    for (int32_t h = 0; h < best_handed; h++) {
+        double gain;
+        c[likeliest_next(c, n, &gain)].k++;
     }
 }
 
@@ -117,7 +138,7 @@ static int cmp_double(const void *a, const void *b)
 }
 
 #define MEASURE_CTX 32
-#define MEASURE_REPS 3
+#define MEASURE_REPS 5
 
 int spec_measure_cost(blade_runner *r, int32_t n_vocab, int32_t store_blocks, int32_t block_size, double *cost,
                       int32_t n_cost, double *one_step_s)
@@ -158,10 +179,16 @@ int spec_measure_cost(blade_runner *r, int32_t n_vocab, int32_t store_blocks, in
         qsort(t + (size_t)n * MEASURE_REPS, MEASURE_REPS, sizeof *t, cmp_double);
     double one = t[MEASURE_REPS + MEASURE_REPS / 2];
     *one_step_s = one;
+    /* A step of more tokens never costs less, so the curve is made non-decreasing, from
+     * the right: interference from other work only ever slows a timed step, and one slow
+     * median must not raise every point after it (that hid k = 3 and 4 behind a T = 3
+     * outlier on a shared machine); the lowest later point bounds it instead. */
     cost[0] = 0;
-    for (int32_t n = 1; n <= n_cost; n++) {
+    cost[1] = 1.0;
+    for (int32_t n = n_cost; n >= 2; n--) {
         double c = t[(size_t)n * MEASURE_REPS + MEASURE_REPS / 2] / (one > 0 ? one : 1);
-        cost[n] = n == 1 ? 1.0 : fmax(c, cost[n - 1]);
+        c = c > 1.0 ? c : 1.0;
+        cost[n] = n < n_cost && cost[n + 1] < c ? cost[n + 1] : c;
     }
     rc = 0;
 out:

@@ -5,8 +5,8 @@
  * of T new tokens costs little more than a step of one (decode streams the weights once
  * either way) and the drafts are likely to be accepted. The policy keeps a running
  * acceptance estimate per sequence and hands out drafts one at a time to the sequence
- * whose next draft is most likely to be kept, while the step's expected tokens per unit
- * of cost keep rising; on a step that is already compute-bound (many decodes, prefill
+ * whose next draft is most likely to be kept, as far as the step's expected tokens per
+ * unit of cost rise; on a step that is already compute-bound (many decodes, prefill
  * chunks) every extra token costs its full share, so no draft is handed out: under load
  * speculation backs off by itself. The cost curve is measured at engine start. */
 
@@ -32,10 +32,11 @@ typedef struct spec_cand {
 } spec_cand;
 
 /* cost[T] for T = 1..n_cost: a step of T new tokens relative to one (cost[1] = 1),
- * extended beyond n_cost along its last slope. base_value: the useful work of the step
- * without drafts (decoded tokens and prefill tokens alike); base_tokens: the tokens it
- * computes without drafts; draft_cost: one draft-model call relative to cost[1] (0 for
- * prompt lookup). */
+ * extended beyond n_cost at no less than its cost per token (step_cost). base_value: the
+ * useful work of the step without drafts (decoded tokens and prefill tokens alike);
+ * base_tokens: the tokens it computes without drafts; draft_cost: one draft-model call
+ * relative to cost[1] (0 for prompt lookup). The drafts go out in order of likelihood and
+ * the step keeps the prefix of that order with the most expected tokens per unit of cost. */
 void spec_policy_choose(const double *cost, int32_t n_cost, double base_value, int32_t base_tokens, double draft_cost,
                         spec_cand *c, int32_t n);
 

@@ -263,8 +263,9 @@ TGT INLINE void r16_lone(bool q4, const uint8_t *blk, const int8_t *xq, float xd
     }
 }
 
-/* Half h0 of one group against T tokens, or with NH = 2 a lone token against both halves
- * (which also hints the weight stream ahead); the side's start is the Q4_0 offset term
+/* Half h0 of one group against T tokens, or with NH = 2 a lone token against both halves;
+ * end: the weight stream's end when this pass pulls the group from memory (it hints the
+ * stream ahead), NULL when the group is in cache. The side's start is the Q4_0 offset term
  * (Q8_0 takes none here, its products are signed). */
 TGT INLINE void r16_tile(bool q4, int T, int NH, const uint8_t *group, int h0, int64_t nb, const r16_x *xa, float *Y,
                          int64_t ldy, const uint8_t *end)
@@ -275,9 +276,11 @@ TGT INLINE void r16_tile(bool q4, int T, int NH, const uint8_t *group, int h0, i
         for (int t = 0; t < T; t++)
             acc[k][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        if (NH == 2) {
+        if (end) {
             prefetch_stream(group + b * bb, bb);
             touch_stream(group + b * bb, bb, end);
+        }
+        if (NH == 2) {
             r16_lone(q4, group + b * bb, xa[0].q + QK8_0 * b, xa[0].d[b], q4 ? xa[0].side[b] : 0, acc);
         } else {
             r16_w w;
@@ -433,8 +436,13 @@ TGT INLINE void k16_tile(int T, int NH, const uint8_t *group, int h0, int64_t ns
             prefetch_stream(blk, R16_K_QS);
             touch_stream(blk, R16_K_BYTES, end);
             k16_lone(blk, sc, m, b, xa, acc);
-        } else
+        } else {
+            if (end) {
+                prefetch_stream(blk, R16_K_BYTES);
+                touch_stream(blk, R16_K_BYTES, end);
+            }
             k16_half(T, blk, sc, m, h0, b, xa, acc[0]);
+        }
     }
     for (int k = 0; k < NH; k++)
         for (int t = 0; t < T; t++)
@@ -548,8 +556,13 @@ TGT INLINE void k6_tile(bool gfni, int T, int NH, const uint8_t *group, int h0, 
             prefetch_stream(blk, R16_K6_QS);
             touch_stream(blk, R16_K6_BYTES, end);
             k6_lone(gfni, blk, b, xa, acc);
-        } else
+        } else {
+            if (end) {
+                prefetch_stream(blk, R16_K6_BYTES);
+                touch_stream(blk, R16_K6_BYTES, end);
+            }
             k6_half(gfni, T, blk, h0, b, xa, acc[0]);
+        }
     }
     for (int k = 0; k < NH; k++)
         for (int t = 0; t < T; t++)
@@ -581,14 +594,18 @@ TGT INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_st
                 for (int64_t t = c; t < c1; t += R16_TILE_T) {
                     int64_t nt = c1 - t < R16_TILE_T ? c1 - t : R16_TILE_T;
                     float *y = Y + t * ldy + g;
+                    /* The first pass over a group pulls it from memory (both halves: they
+                     * share cache lines) and takes the stream's hints; later passes find
+                     * it in cache. */
+                    const uint8_t *hint = h == 0 && t == c ? end : NULL;
 #define R16_TILE(T, NH)                                                                                         \
     do {                                                                                                       \
         if (k4)                                                                                                \
-            k16_tile(T, NH, group, h, nb, xa + (t - c), y, ldy, end);                                          \
+            k16_tile(T, NH, group, h, nb, xa + (t - c), y, ldy, hint);                                         \
         else if (k6)                                                                                           \
-            k6_tile(gfni, T, NH, group, h, nb, xa + (t - c), y, ldy, end);                                     \
+            k6_tile(gfni, T, NH, group, h, nb, xa + (t - c), y, ldy, hint);                                    \
         else                                                                                                   \
-            r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, NH, group, h, nb, xa + (t - c), y, ldy, end);           \
+            r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, NH, group, h, nb, xa + (t - c), y, ldy, hint);          \
     } while (0)
 #define R16_HALF(T) R16_TILE(T, 1)
                     if (lone) {

@@ -281,15 +281,16 @@ BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q8_0, q32_matmul, false)
  * integer sums in 16 lanes from eight vpdpbusd whose signed side is the token's 4 bytes
  * broadcast (two chains of four, summed: integers, so the split is free), then one
  * convert, one scale product and one FMA for all 16 rows. The weight side of a block is
- * decoded once per tile of up to 16 tokens. */
+ * decoded once per tile of up to 8 tokens: a tile of 16 held 8 weight vectors and 16
+ * accumulators with their chains in flight and ran a 16-token product 1.6x slower than
+ * two tiles of 8 (one thread, Q8_0 from memory: 12.6 against 7.9 ms for 8 matrices of
+ * 5632 x 2048). */
 
-#define R16_TILE_T 16
+#define R16_TILE_T 8
 /* Tokens whose activations stay in L2 while every row group of the range passes over
  * them (64 rows of 5632 are about 400 KiB). */
 #define R16_TOKEN_CHUNK 64
 #define R16_LOCAL_SIDE 2048
-/* Tiles of at most this many tokens stream their weights with the one-token hints. */
-#define R16_STREAM_T 8
 
 typedef struct r16_w {
     __m512i q[8];
@@ -353,7 +354,9 @@ TGT_Q INLINE __m512 r16_step(const r16_w *w, bool hi16, const int8_t *xq, float 
     return _mm512_fmadd_ps(sum, _mm512_mul_ps(w->d, _mm512_set1_ps(xd)), acc);
 }
 
-/* One group of 16 rows against T tokens. */
+/* One group of 16 rows against T tokens; end: where the weight stream ends when this
+ * tile is the one that pulls the group from memory (it then takes the stream's hints),
+ * NULL when the group is already in cache. */
 TGT_Q INLINE void r16_tile(bool q4, int T, const uint8_t *group, int64_t nb, const r16_x *x, float *Y, int64_t ldy,
                           const uint8_t *end)
 {
@@ -363,9 +366,7 @@ TGT_Q INLINE void r16_tile(bool q4, int T, const uint8_t *group, int64_t nb, con
         acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         r16_w w;
-        /* a few tokens (a speculative verify, a small decode batch) are as memory-bound as
-         * one: their weight stream wants the same hints */
-        if (T <= R16_STREAM_T) {
+        if (end) {
             prefetch_stream(group + b * bb, bb);
             touch_stream(group + b * bb, bb, end);
         }
@@ -385,10 +386,10 @@ TGT_Q INLINE void r16_tile(bool q4, int T, const uint8_t *group, int64_t nb, con
  * kernel's two FMAs. Scales, mins and each sub-block's quants are decoded once per tile. */
 
 #define K16_TILE_T 8
-/* The one-token path hints its stream like every other (stream_ahead.h). A super-block
- * is a long run of arithmetic per 2304 bytes: with no prefetch the stream measured at
- * about 38 GB/s on two cores against 45 with one, and the page touch without it 22%
- * slower than the prefetch alone. The K-quant streams touch two lines of each page ahead
+/* The tile that streams a group hints it like every other stream (stream_ahead.h). A
+ * super-block is a long run of arithmetic per 2304 bytes: with no prefetch the stream
+ * measured at about 38 GB/s on two cores against 45 with one, and the page touch without
+ * it 22% slower than the prefetch alone. The K-quant streams touch two lines of each page ahead
  * (Q4_K here, Q6_K below; stream_ahead.h says why). */
 #define K_TOUCH_LINES 2
 
@@ -434,7 +435,7 @@ TGT_Q INLINE void k16_tile(int T, const uint8_t *group, int64_t nsb, const r16_x
         acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = group + b * R16_K_BYTES;
-        if (T == 1) {
+        if (end) {
             prefetch_stream(blk, R16_K_BYTES);
             touch_stream_lines(blk, R16_K_BYTES, end, K_TOUCH_LINES);
         }
@@ -553,7 +554,7 @@ TGT_Q INLINE void k6_tile(bool gfni, int T, const uint8_t *group, int64_t nsb, c
         acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = group + b * R16_K6_BYTES;
-        if (T == 1) {
+        if (end) {
             prefetch_stream(blk, R16_K6_BYTES);
             touch_stream_lines(blk, R16_K6_BYTES, end, K_TOUCH_LINES);
         }
@@ -610,15 +611,19 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_
                 int64_t nt = c1 - t < tile ? c1 - t : tile;
                 const r16_x *xt = x + (t - c);
                 float *y = Y + t * ldy + g;
-#define K16_TILE(T) k16_tile(T, group, nb, xt, y, ldy, end)
-#define K6_TILE(T) k6_tile(gfni, T, group, nb, xt, y, ldy, end)
-#define R16_TILE(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, group, nb, xt, y, ldy, end)
+                /* The chunk's first tile pulls the group from memory: a decode, a
+                 * speculative verify or a chunk of prefill alike stream it once, and that
+                 * stream wants the hints of stream_ahead.h. Later tiles find it in cache. */
+                const uint8_t *hint = t == c ? end : NULL;
+#define K16_TILE(T) k16_tile(T, group, nb, xt, y, ldy, hint)
+#define K6_TILE(T) k6_tile(gfni, T, group, nb, xt, y, ldy, hint)
+#define R16_TILE(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, group, nb, xt, y, ldy, hint)
                 if (k4) {
                     WITH_CONST_T(nt, K16_TILE_T, K16_TILE)
                 } else if (k6) {
                     WITH_CONST_T(nt, K6_TILE_T, K6_TILE)
                 } else {
-                    WITH_CONST_T16(nt, R16_TILE)
+                    WITH_CONST_T(nt, R16_TILE_T, R16_TILE)
                 }
 #undef K16_TILE
 #undef K6_TILE
