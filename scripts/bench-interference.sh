@@ -9,7 +9,8 @@
 # OUT. Every process it starts is stopped on exit, each run is bounded by RUN_TIMEOUT.
 #   scripts/bench-interference.sh [colocated] [disaggregated]     (both when none is named)
 # Knobs (environment): MODEL, BLADE, OUT, LOCK (a file: each setup runs under an exclusive
-# flock of it, so builds and other benchmarks wait), REQUESTS, CONCURRENCY, INPUT_LEN,
+# flock of it, so builds and other benchmarks wait), REQUESTS, CONCURRENCY, RATE (requests a
+# second, Poisson; inf: a new one as soon as one of CONCURRENCY ends), INPUT_LEN,
 # OUTPUT_LEN, LONG_LEN, LONG_EVERY, SEED, KV_MEM, RUN_TIMEOUT, CPUS_BOTH, CPUS_PREFILL,
 # CPUS_DECODE.
 set -euo pipefail
@@ -21,6 +22,7 @@ OUT=${OUT:-/tmp/blade-interference}
 LOCK=${LOCK:-}
 REQUESTS=${REQUESTS:-96}
 CONCURRENCY=${CONCURRENCY:-10}
+RATE=${RATE:-inf}
 INPUT_LEN=${INPUT_LEN:-32}
 OUTPUT_LEN=${OUTPUT_LEN:-128}
 LONG_LEN=${LONG_LEN:-1000}
@@ -170,7 +172,7 @@ done
 echo "== $setup: $(IFS=' '; echo "${workers[*]}") behind $router" >&2
 timeout "$RUN_TIMEOUT" "$BLADE" bench serve --url "$router" --tokenizer "$MODEL" --workload long-interference \
     --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --long-len "$LONG_LEN" --long-every "$LONG_EVERY" \
-    --num-requests "$REQUESTS" --max-concurrency "$CONCURRENCY" --ignore-eos --seed "$SEED" \
+    --num-requests "$REQUESTS" --max-concurrency "$CONCURRENCY" --request-rate "$RATE" --ignore-eos --seed "$SEED" \
     --json "$OUT/$setup.json" | tee "$OUT/$setup.txt"
 # Where the prompts were computed: a disaggregated run whose transfers failed would have
 # prefilled on the decode worker, and would measure something else.
