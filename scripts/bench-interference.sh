@@ -164,10 +164,13 @@ list=$(
 )
 start router "" router --listen 127.0.0.1:0 --workers "$list"
 router="http://127.0.0.1:$PORT"
+healthy=0
 for _ in $(seq 100); do
-    [ "$(curl -sf --max-time 2 "$router/health" | grep -o '"healthy":true' | wc -l)" -eq ${#workers[@]} ] && break
+    healthy=$(curl -sf --max-time 2 "$router/health" | grep -o '"healthy":true' | wc -l)
+    [ "$healthy" -eq ${#workers[@]} ] && break
     sleep 0.1
 done
+[ "$healthy" -eq ${#workers[@]} ] || { echo "error: the router sees $healthy of ${#workers[@]} workers healthy" >&2 && exit 1; }
 
 echo "== $setup: $(IFS=' '; echo "${workers[*]}") behind $router" >&2
 timeout "$RUN_TIMEOUT" "$BLADE" bench serve --url "$router" --tokenizer "$MODEL" --workload long-interference \
