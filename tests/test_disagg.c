@@ -662,6 +662,72 @@ static void test_disagg_over_ucx(void **state)
     trio_close(&t);
 }
 
+/* Several decode requests at once against one prefill service (the engine batches their
+ * prompts: long and short, shared blocks and not): each answer equals one engine's, each
+ * prefill is served, and neither engine keeps a block. */
+typedef struct concurrent_call {
+    blade_engine *b;
+    const blade_disagg_config *cfg;
+    uint16_t port;
+    spec s;
+    result got;
+    blade_disagg_cause cause;
+    blade_error err;
+} concurrent_call;
+
+static void *concurrent_thread(void *arg)
+{
+    concurrent_call *k = arg;
+    blade_remote_prefill rp;
+    k->cause = remote(k->b, k->cfg, k->port, &k->s, &k->got, &rp, &k->err);
+    return NULL;
+}
+
+static void test_disagg_concurrent_prefills(void **state)
+{
+    (void)state;
+    enum { CALLS = 6 };
+    trio t = trio_open();
+    blade_disagg_config cfg = {.timeout_ms = 20000, .transports = "tcp"};
+    blade_error err = {{0}};
+    blade_prefill_service *ps = blade_prefill_service_start(t.a, &cfg, "127.0.0.1", 0, &err);
+    if (!ps)
+        fail_msg("%s", err.msg);
+    concurrent_call calls[CALLS];
+    result want[CALLS];
+    pthread_t th[CALLS];
+    for (int i = 0; i < CALLS; i++) {
+        memset(&calls[i], 0, sizeof calls[i]);
+        calls[i].b = t.b;
+        calls[i].cfg = &cfg;
+        calls[i].port = blade_prefill_service_port(ps);
+        make_spec(t.m, &calls[i].s, i % 3 == 0 ? 380 : 12 + 7 * i, 12, i % 2 ? 0.7f : 0.0f, 90 + (uint64_t)i);
+        if (i == 3) /* the first 256 tokens of call 0's prompt: blocks in flight elsewhere */
+            memcpy(calls[i].s.prompt, calls[0].s.prompt, 256 * sizeof *calls[i].s.prompt);
+        result_init(&want[i]);
+        run_whole(t.one, &calls[i].s, &want[i]);
+        result_init(&calls[i].got);
+    }
+    for (int i = 0; i < CALLS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, concurrent_thread, &calls[i]), 0);
+    for (int i = 0; i < CALLS; i++) {
+        pthread_join(th[i], NULL);
+        if (calls[i].cause != BLADE_DISAGG_OK)
+            fail_msg("call %d: %s: %s", i, blade_disagg_cause_name(calls[i].cause), calls[i].err.msg);
+        assert_same(&want[i], &calls[i].got, "concurrent remote prefills");
+        result_free(&want[i]);
+        result_free(&calls[i].got);
+    }
+    blade_prefill_service_stats st;
+    blade_prefill_service_stats_get(ps, &st);
+    assert_int_equal(st.served, CALLS);
+    assert_int_equal(st.failed, 0);
+    blade_prefill_service_stop(ps);
+    assert_clean(t.a);
+    assert_clean(t.b);
+    trio_close(&t);
+}
+
 /* A prefill peer that answers with a corrupted frame: the decode side refuses it with the
  * reason, keeps nothing, and the request computed locally gives the same tokens. */
 typedef struct evil_peer {
@@ -777,6 +843,7 @@ int main(void)
         cmocka_unit_test(test_disagg_refusals),
         cmocka_unit_test(test_disagg_export_lifetime),
         cmocka_unit_test(test_disagg_over_ucx),
+        cmocka_unit_test(test_disagg_concurrent_prefills),
         cmocka_unit_test(test_disagg_bad_frames_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -40,7 +40,8 @@ typedef struct blade_disagg_config {
 typedef struct blade_prefill_service blade_prefill_service;
 
 /* Listens on host:port (port 0: any; a non-loopback host needs a key) and serves decode
- * workers' requests from engine e on a thread of its own, one connection at a time. */
+ * workers' requests from engine e on a thread of its own: up to 64 prompts at once, which
+ * the engine batches. */
 blade_prefill_service *blade_prefill_service_start(blade_engine *e, const blade_disagg_config *cfg,
                                                    const char *host, uint16_t port, blade_error *err);
 uint16_t blade_prefill_service_port(const blade_prefill_service *ps);

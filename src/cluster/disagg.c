@@ -166,6 +166,15 @@ static int sampling_of(json_t *j, blade_sampling_params *p, blade_error *err)
 
 /* ---- the prefill service ---- */
 
+/* Decode connections parked at once while the engine computes their prompts: the engine
+ * batches them (a short prompt no longer waits behind a long one). Past this many, new
+ * connections wait in UCX's queue; their connect times out and the decode worker computes
+ * the prompt itself. */
+#define MAX_PARKED 64
+/* How often parked prompts are looked at while no peer connects: the latency a finished
+ * prefill may wait before its KV is sent. */
+#define PARKED_POLL_MS 5
+
 struct blade_prefill_service {
     blade_engine *e;
     blade_disagg_config cfg;
@@ -178,8 +187,12 @@ struct blade_prefill_service {
     blade_prefill_service_stats stats;
 };
 
-/* One exported prefill, waited for by the service thread. */
-typedef struct export_wait {
+/* One decode worker's request, parked from its PREFILL until the engine has exported its
+ * prompt's KV. The engine thread fills the outcome; the service thread does all of UCX. */
+typedef struct prefill_job {
+    blade_kv_conn *c;
+    uint64_t tid, id;
+    int32_t *prompt;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool done;
@@ -187,21 +200,38 @@ typedef struct export_wait {
     int32_t first_token;
     const blade_kv_export *ex;
     char error[256];
-} export_wait;
+} prefill_job;
 
 static void on_export(const blade_token_event *ev)
 {
-    export_wait *w = ev->user;
+    prefill_job *j = ev->user;
     if (ev->finish == BLADE_FINISH_NONE)
         return;
-    pthread_mutex_lock(&w->mu);
-    w->finish = ev->finish;
-    w->first_token = ev->token;
-    w->ex = ev->kv_export;
-    snprintf(w->error, sizeof w->error, "%s", ev->error ? ev->error : blade_finish_reason_name(ev->finish));
-    w->done = true;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
+    pthread_mutex_lock(&j->mu);
+    j->finish = ev->finish;
+    j->first_token = ev->token;
+    j->ex = ev->kv_export;
+    snprintf(j->error, sizeof j->error, "%s", ev->error ? ev->error : blade_finish_reason_name(ev->finish));
+    j->done = true;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static bool job_done(prefill_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    bool done = j->done;
+    pthread_mutex_unlock(&j->mu);
+    return done;
+}
+
+static void job_free(prefill_job *j)
+{
+    blade_kv_conn_close(j->c);
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mu);
+    free(j->prompt);
+    free(j);
 }
 
 static const blade_cluster_key *key_of(const blade_prefill_service *ps)
@@ -232,126 +262,184 @@ static int32_t *prompt_of(json_t *msg, int32_t n_vocab, int32_t max_tokens, int3
     return out;
 }
 
-/* Serves one decode worker's request; -1 with the reason when it could not. */
-static int serve_prefill(blade_prefill_service *ps, blade_kv_conn *c, blade_error *err)
+/* Tells the decode worker its prefill failed, where FIRST was due: it then computes the
+ * prompt itself. */
+static void send_failure(blade_kv_conn *c, const blade_cluster_key *key, uint64_t tid, const char *why)
+{
+    char t[17];
+    id_text(tid, t);
+    json_t *msg = json_pack("{s:s, s:s}", "transfer", t, "error", why);
+    if (msg)
+        send_control(c, key, msg, &(blade_error){{0}});
+    json_decref(msg);
+}
+
+/* Reads a decode worker's PREFILL and submits its prompt; the parked job, or NULL with the
+ * reason (the connection then closed). */
+static prefill_job *start_prefill(blade_prefill_service *ps, blade_kv_conn *c, blade_error *err)
 {
     const blade_cluster_key *key = key_of(ps);
     bool refused;
     json_t *msg = recv_control(c, key, timeout_of(&ps->cfg), &refused, err);
-    if (!msg)
-        return -1;
-    uint64_t tid;
-    int32_t n_prompt = 0;
+    prefill_job *j = msg ? calloc(1, sizeof *j) : NULL;
+    if (!j) {
+        if (msg)
+            blade_error_set(err, "out of memory");
+        json_decref(msg);
+        blade_kv_conn_close(c);
+        return NULL;
+    }
+    j->c = c;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
     blade_request q;
     blade_request_default(&q);
-    int32_t *prompt = NULL;
-    int rc = -1;
+    int32_t n_prompt = 0;
     const char *salt = json_string_value(json_object_get(msg, "cache_salt"));
-    if (!id_of(msg, &tid)) {
+    if (!id_of(msg, &j->tid)) {
         blade_error_set(err, "PREFILL: no transfer id");
-        goto out;
+    } else if (!sampling_of(json_object_get(msg, "sampling"), &q.sampling, err) &&
+               (j->prompt = prompt_of(msg, blade_engine_model(ps->e)->hp.n_vocab,
+                                      blade_engine_max_context(ps->e) - 1, &n_prompt, err))) {
+        q.prompt_tokens = j->prompt;
+        q.n_prompt_tokens = n_prompt;
+        q.max_tokens = 1;
+        q.export_kv = true;
+        q.cache_salt = salt;
+        q.callback = on_export;
+        q.user = j;
+        if (!(j->id = blade_engine_submit(ps->e, &q, err)))
+            send_failure(c, key, j->tid, err->msg);
     }
-    if (sampling_of(json_object_get(msg, "sampling"), &q.sampling, err))
-        goto out;
-    if (!(prompt = prompt_of(msg, blade_engine_model(ps->e)->hp.n_vocab, blade_engine_max_context(ps->e) - 1,
-                             &n_prompt, err)))
-        goto out;
-
-    export_wait w = {.done = false};
-    pthread_mutex_init(&w.mu, NULL);
-    pthread_cond_init(&w.cv, NULL);
-    q.prompt_tokens = prompt;
-    q.n_prompt_tokens = n_prompt;
-    q.max_tokens = 1;
-    q.export_kv = true;
-    q.cache_salt = salt;
-    q.callback = on_export;
-    q.user = &w;
-    uint64_t id = blade_engine_submit(ps->e, &q, err);
-    if (id) {
-        pthread_mutex_lock(&w.mu);
-        while (!w.done)
-            pthread_cond_wait(&w.cv, &w.mu);
-        pthread_mutex_unlock(&w.mu);
-    }
-    json_t *first = NULL;
-    if (id && w.finish == BLADE_FINISH_EXPORTED) {
-        /* which blocks travel */
-        uint8_t fp[BLADE_ENGINE_FINGERPRINT_BYTES], *query = NULL;
-        size_t qlen;
-        void *reply = NULL;
-        size_t rlen;
-        bool *have = calloc((size_t)w.ex->n_hashes + 1, sizeof *have);
-        blade_engine_fingerprint(ps->e, fp);
-        blade_kv_wire_frame_out fo = {0};
-        if (have && !blade_kv_wire_have_query(fp, tid, w.ex->hashes, w.ex->n_hashes, key, &query, &qlen, err) &&
-            !blade_kv_send(c, &(struct iovec){query, qlen}, 1, err) &&
-            !blade_kv_recv(c, (size_t)w.ex->n_hashes + 4096, &reply, &rlen, err) &&
-            !blade_kv_wire_have_reply_parse(reply, rlen, tid, w.ex->n_hashes, key, have, err) &&
-            !blade_kv_handoff_encode(ps->e, w.ex, tid, have, key, &fo, err)) {
-            char t[17];
-            id_text(tid, t);
-            first = json_pack("{s:s, s:i}", "transfer", t, "first_token", w.first_token);
-            json_t *done = NULL;
-            /* the decode side's last word: closing before it would cut the frame short */
-            if (first && !send_control(c, key, first, err) && !blade_kv_send_frame(c, &fo, err) &&
-                (done = recv_control(c, key, timeout_of(&ps->cfg), &refused, err))) {
-                const char *why = json_string_value(json_object_get(done, "error"));
-                if (why)
-                    blade_error_set(err, "the decode worker refused the KV: %s", why);
-                rc = why ? -1 : 0;
-            }
-            json_decref(done);
-            if (rc == 0) {
-                pthread_mutex_lock(&ps->mu);
-                ps->stats.served++;
-                ps->stats.blocks_sent += (uint64_t)fo.n_sent;
-                ps->stats.blocks_skipped += (uint64_t)(w.ex->n_blocks - fo.n_sent);
-                pthread_mutex_unlock(&ps->mu);
-            }
-        }
-        blade_kv_wire_frame_out_free(&fo);
-        free(have);
-        free(query);
-        free(reply);
-        blade_engine_export_release(ps->e, id);
-    } else {
-        if (id)
-            blade_error_set(err, "the prefill ended: %s", w.error);
-        char t[17];
-        id_text(tid, t);
-        /* tell the decode worker, which then computes the prompt itself */
-        first = json_pack("{s:s, s:s}", "transfer", t, "error", err->msg);
-        if (first)
-            send_control(c, key, first, &(blade_error){{0}});
-    }
-    json_decref(first);
-    pthread_cond_destroy(&w.cv);
-    pthread_mutex_destroy(&w.mu);
-out:
-    free(prompt);
     json_decref(msg);
+    if (!j->id) {
+        job_free(j);
+        return NULL;
+    }
+    return j;
+}
+
+/* Ships a finished prefill: HAVE query, FIRST and the frame of the blocks the decode worker
+ * lacks, its DONE; or the prefill's failure. -1 with the reason when it was not taken. */
+static int finish_prefill(blade_prefill_service *ps, prefill_job *j, blade_error *err)
+{
+    const blade_cluster_key *key = key_of(ps);
+    if (j->finish != BLADE_FINISH_EXPORTED) {
+        blade_error_set(err, "the prefill ended: %s", j->error);
+        send_failure(j->c, key, j->tid, err->msg);
+        return -1;
+    }
+    int rc = -1;
+    uint8_t fp[BLADE_ENGINE_FINGERPRINT_BYTES], *query = NULL;
+    size_t qlen, rlen;
+    void *reply = NULL;
+    bool refused, *have = calloc((size_t)j->ex->n_hashes + 1, sizeof *have);
+    blade_engine_fingerprint(ps->e, fp);
+    blade_kv_wire_frame_out fo = {0};
+    if (!have)
+        blade_error_set(err, "out of memory");
+    if (have && !blade_kv_wire_have_query(fp, j->tid, j->ex->hashes, j->ex->n_hashes, key, &query, &qlen, err) &&
+        !blade_kv_send(j->c, &(struct iovec){query, qlen}, 1, err) &&
+        !blade_kv_recv(j->c, (size_t)j->ex->n_hashes + 4096, &reply, &rlen, err) &&
+        !blade_kv_wire_have_reply_parse(reply, rlen, j->tid, j->ex->n_hashes, key, have, err) &&
+        !blade_kv_handoff_encode(ps->e, j->ex, j->tid, have, key, &fo, err)) {
+        char t[17];
+        id_text(j->tid, t);
+        json_t *first = json_pack("{s:s, s:i}", "transfer", t, "first_token", j->first_token), *done = NULL;
+        /* the decode side's last word: closing before it would cut the frame short */
+        if (first && !send_control(j->c, key, first, err) && !blade_kv_send_frame(j->c, &fo, err) &&
+            (done = recv_control(j->c, key, timeout_of(&ps->cfg), &refused, err))) {
+            const char *why = json_string_value(json_object_get(done, "error"));
+            if (why)
+                blade_error_set(err, "the decode worker refused the KV: %s", why);
+            rc = why ? -1 : 0;
+        }
+        json_decref(done);
+        json_decref(first);
+        if (rc == 0) {
+            pthread_mutex_lock(&ps->mu);
+            ps->stats.served++;
+            ps->stats.blocks_sent += (uint64_t)fo.n_sent;
+            ps->stats.blocks_skipped += (uint64_t)(j->ex->n_blocks - fo.n_sent);
+            pthread_mutex_unlock(&ps->mu);
+        }
+    }
+    blade_kv_wire_frame_out_free(&fo);
+    free(have);
+    free(query);
+    free(reply);
     return rc;
 }
 
+static void count_failure(blade_prefill_service *ps, const char *peer, const char *why)
+{
+    fprintf(stderr, "blade prefill service: request from %s failed: %s\n", peer, why);
+    pthread_mutex_lock(&ps->mu);
+    ps->stats.failed++;
+    pthread_mutex_unlock(&ps->mu);
+}
+
+/* Accepts connections and parks their prompts in the engine, then ships each prefill as it
+ * finishes. Every UCX call stays on this thread (the worker is single-threaded); only the
+ * exchanges around a prefill block it, each bounded by the message timeout. */
 static void *service_loop(void *arg)
 {
     blade_prefill_service *ps = arg;
+    prefill_job *parked[MAX_PARKED];
+    int n = 0;
     while (!atomic_load(&ps->stop)) {
         blade_error err = {{0}};
-        blade_kv_conn *c = blade_kv_transport_accept(ps->t, 200, &err);
-        if (!c) {
-            if (!strstr(err.msg, "no peer connected"))
+        if (n < MAX_PARKED) {
+            blade_kv_conn *c = blade_kv_transport_accept(ps->t, n ? PARKED_POLL_MS : 200, &err);
+            if (c) {
+                char peer[sizeof err.msg];
+                snprintf(peer, sizeof peer, "%s", blade_kv_conn_peer(c));
+                if ((parked[n] = start_prefill(ps, c, &err)))
+                    n++;
+                else
+                    count_failure(ps, peer, err.msg);
+            } else if (!strstr(err.msg, "no peer connected")) {
                 fprintf(stderr, "blade prefill service: %s\n", err.msg);
-            continue;
+            }
+        } else {
+            /* full: wait for the oldest rather than spin */
+            pthread_mutex_lock(&parked[0]->mu);
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += PARKED_POLL_MS * 1000000L;
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+            if (!parked[0]->done)
+                pthread_cond_timedwait(&parked[0]->cv, &parked[0]->mu, &until);
+            pthread_mutex_unlock(&parked[0]->mu);
         }
-        if (serve_prefill(ps, c, &err)) {
-            fprintf(stderr, "blade prefill service: request from %s failed: %s\n", blade_kv_conn_peer(c), err.msg);
-            pthread_mutex_lock(&ps->mu);
-            ps->stats.failed++;
-            pthread_mutex_unlock(&ps->mu);
+        for (int i = 0; i < n;) {
+            prefill_job *j = parked[i];
+            if (!job_done(j)) {
+                i++;
+                continue;
+            }
+            blade_error why = {{0}};
+            if (finish_prefill(ps, j, &why))
+                count_failure(ps, blade_kv_conn_peer(j->c), why.msg);
+            if (j->finish == BLADE_FINISH_EXPORTED)
+                blade_engine_export_release(ps->e, j->id);
+            job_free(j);
+            parked[i] = parked[--n];
         }
-        blade_kv_conn_close(c);
+    }
+    /* stopping: the engine outlives the service, so parked prompts are aborted (an export
+     * finished meanwhile is released by the same abort) and waited for */
+    for (int i = 0; i < n; i++) {
+        prefill_job *j = parked[i];
+        blade_engine_abort(ps->e, j->id);
+        pthread_mutex_lock(&j->mu);
+        while (!j->done)
+            pthread_cond_wait(&j->cv, &j->mu);
+        pthread_mutex_unlock(&j->mu);
+        job_free(j);
     }
     return NULL;
 }
