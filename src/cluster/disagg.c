@@ -7,6 +7,7 @@
 #include "blade/kv_transport.h"
 #include "blade/kv_wire.h"
 #include "blade/model.h"
+#include "common/test_aid.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -176,6 +177,11 @@ struct blade_prefill_service {
     atomic_bool stop;
     pthread_mutex_t mu;
     blade_prefill_service_stats stats;
+    /* Test aids (common/test_aid.h) for fault tests that SIGKILL this worker mid-request:
+     * BLADE_TEST_PREFILL_HOLD_MS holds each request before its prompt is computed (the
+     * decode worker waits as for a long prompt), BLADE_TEST_KV_FRAME_HOLD_MS between the
+     * FIRST message and the KV frame (the decode worker waits mid-transfer). */
+    int hold_prefill_ms, hold_frame_ms;
 };
 
 /* One exported prefill, waited for by the service thread. */
@@ -232,6 +238,14 @@ static int32_t *prompt_of(json_t *msg, int32_t n_vocab, int32_t max_tokens, int3
     return out;
 }
 
+/* The KV frame, after the test aid's hold, if one is set. */
+static int send_frame(const blade_prefill_service *ps, blade_kv_conn *c, const blade_kv_wire_frame_out *fo,
+                      blade_error *err)
+{
+    blade_test_aid_hold("BLADE_TEST_KV_FRAME_HOLD_MS", ps->hold_frame_ms, "a KV frame before sending it");
+    return blade_kv_send_frame(c, fo, err);
+}
+
 /* Serves one decode worker's request; -1 with the reason when it could not. */
 static int serve_prefill(blade_prefill_service *ps, blade_kv_conn *c, blade_error *err)
 {
@@ -257,6 +271,7 @@ static int serve_prefill(blade_prefill_service *ps, blade_kv_conn *c, blade_erro
                              &n_prompt, err)))
         goto out;
 
+    blade_test_aid_hold("BLADE_TEST_PREFILL_HOLD_MS", ps->hold_prefill_ms, "a prefill before computing its prompt");
     export_wait w = {.done = false};
     pthread_mutex_init(&w.mu, NULL);
     pthread_cond_init(&w.cv, NULL);
@@ -294,7 +309,7 @@ static int serve_prefill(blade_prefill_service *ps, blade_kv_conn *c, blade_erro
             first = json_pack("{s:s, s:i}", "transfer", t, "first_token", w.first_token);
             json_t *done = NULL;
             /* the decode side's last word: closing before it would cut the frame short */
-            if (first && !send_control(c, key, first, err) && !blade_kv_send_frame(c, &fo, err) &&
+            if (first && !send_control(c, key, first, err) && !send_frame(ps, c, &fo, err) &&
                 (done = recv_control(c, key, timeout_of(&ps->cfg), &refused, err))) {
                 const char *why = json_string_value(json_object_get(done, "error"));
                 if (why)
@@ -369,6 +384,8 @@ blade_prefill_service *blade_prefill_service_start(blade_engine *e, const blade_
         ps->has_key = true;
     }
     ps->cfg.key = NULL;
+    ps->hold_prefill_ms = blade_test_aid_ms("BLADE_TEST_PREFILL_HOLD_MS");
+    ps->hold_frame_ms = blade_test_aid_ms("BLADE_TEST_KV_FRAME_HOLD_MS");
     atomic_init(&ps->stop, false);
     pthread_mutex_init(&ps->mu, NULL);
     blade_kv_transport_config tc = {.key = key_of(ps), .timeout_ms = timeout_of(cfg), .transports = cfg->transports};
