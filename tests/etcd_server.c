@@ -144,6 +144,16 @@ int etcd_server_restart(etcd_server *s)
     return spawn(s);
 }
 
+int etcd_server_restart_empty(etcd_server *s)
+{
+    etcd_server_kill(s);
+    char cmd[320];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/data'", s->dir);
+    if (system(cmd) != 0)
+        return -1;
+    return spawn(s);
+}
+
 void etcd_server_stop(etcd_server *s)
 {
     etcd_server_kill(s);

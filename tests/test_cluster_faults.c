@@ -40,7 +40,7 @@
 
 typedef struct fixture {
     blade_netns net;
-    char *model, *key, *etcd_data;
+    char *model, *key, *etcd_data, *other_model;
 } fixture;
 
 static int setup(void **state)
@@ -66,6 +66,9 @@ static int teardown(void **state)
         remove_tree(f->etcd_data);
         free(f->etcd_data);
     }
+    if (f->other_model)
+        unlink(f->other_model);
+    free(f->other_model);
     free(f->model);
     free(f->key);
     free(f);
@@ -403,10 +406,213 @@ static void test_prefill_killed_mid_transfer(void **state)
     expect_outcomes(f, P_ROUTER, 5, 0, 5);
 }
 
+/* The router's view of host i: listed at all (its registration present). */
+static bool router_lists(const fixture *f, int router, int i)
+{
+    bool listed;
+    router_healthy(f, router, "", i, &listed);
+    return listed;
+}
+
+static void wait_listed(const fixture *f, int router, int i, bool want)
+{
+    for (int t = 0; t < 150; t++) {
+        if (router_lists(f, router, i) == want)
+            return;
+        usleep(100000);
+    }
+    fail_msg("the router %s host %d's worker after 15 s", want ? "does not list" : "still lists", i);
+}
+
+static void start_etcd_router(fixture *f, int router, pid_t *etcd, const char *router_log)
+{
+    char *log = temp_path("faults-etcd.log");
+    *etcd = ns_etcd(&f->net, router, f->etcd_data, log);
+    free(log);
+    char how[128];
+    snprintf(how, sizeof how, "--etcd http://%s:2379 --cluster t", f->net.addr[router]);
+    start_router(f, router, how, router_log);
+}
+
+enum { D_ROUTER, D_PREFILL, D_OTHER, D_DEC1, D_DEC2, D_LONE, D_HOSTS };
+
+static void test_decode_killed(void **state)
+{
+    fixture *f = *state;
+    begin(f, D_HOSTS, true);
+    f->other_model = synth_small_model("faults-other.gguf", 7);
+    pid_t etcd;
+    start_etcd_router(f, D_ROUTER, &etcd, "faults-d-router.log");
+    start_prefill(f, D_PREFILL, D_ROUTER, NULL, NULL, "faults-d-prefill.log");
+    start_prefill(f, D_OTHER, D_ROUTER, f->other_model, NULL, "faults-d-other.log");
+    pid_t dec1 = start_decode(f, D_DEC1, D_ROUTER, "BLADE_TEST_ANSWER_HOLD_MS=" HOLD, "faults-d-dec1.log");
+    worker(f, D_LONE, NULL, "", NULL, "faults-d-lone.log");
+    for (int i = D_PREFILL; i < D_HOSTS; i++)
+        if (i != D_DEC2)
+            ns_wait_healthy(&f->net, i, WPORT);
+    wait_healthy(f, D_ROUTER, "prefill", 2);
+    wait_healthy(f, D_ROUTER, "decode", 1);
+
+    /* A stream held after its first chunk and an answer held before it is sent, both on
+     * the one decode worker; a second one joins, then the first dies. */
+    pid_t s = start_bg(f, D_ROUTER, seeded_stream, "faults-d-s.out");
+    pid_t n = start_bg(f, D_ROUTER, greedy, "faults-d-n.out");
+    wait_log("faults-d-dec1.log", "holding a stream after its first chunk");
+    wait_log("faults-d-dec1.log", "holding an answer before sending it");
+    pid_t dec2 = start_decode(f, D_DEC2, D_ROUTER, NULL, "faults-d-dec2.log");
+    ns_wait_healthy(&f->net, D_DEC2, WPORT);
+    wait_healthy(f, D_ROUTER, "decode", 2);
+    kill_worker(f, dec1);
+    char *rs = finish_bg(f, s, "faults-d-s.out"), *rn = finish_bg(f, n, "faults-d-n.out");
+    /* the stream: its first chunk, then an error event naming the cause, then [DONE] */
+    const char *first = strstr(rs, "data: {"), *error = strstr(rs, "\"code\":\"worker_failed_midstream\"");
+    size_t len = strlen(rs);
+    if (!first || !strstr(first, "\"text\"") || !error || first > error || !strstr(rs, "failed while streaming") ||
+        len < 14 || strcmp(rs + len - 14, "data: [DONE]\n\n"))
+        fail_msg("the stream cut by the decode worker's death reads\n%s", rs);
+    expect_same(f, D_LONE, greedy, rn, "non-streaming request on a decode worker that died");
+    free(rs);
+    free(rn);
+
+    /* new requests go to the survivor at once; the dead worker leaves within its lease */
+    check_request(f, D_ROUTER, D_LONE, greedy, "after a decode worker died");
+    check_request(f, D_ROUTER, D_LONE, seeded, "after a decode worker died (seeded)");
+    check_request(f, D_ROUTER, D_LONE, seeded_stream, "after a decode worker died (stream)");
+    wait_listed(f, D_ROUTER, D_DEC1, false);
+
+    /* restarted at its address it serves again (the other decode worker gone, it must) */
+    start_decode(f, D_DEC1, D_ROUTER, NULL, "faults-d-dec1b.log");
+    ns_wait_healthy(&f->net, D_DEC1, WPORT);
+    wait_healthy(f, D_ROUTER, "decode", 2);
+    kill_worker(f, dec2);
+    check_request(f, D_ROUTER, D_LONE, greedy, "decode worker restarted at its address");
+    check_request(f, D_ROUTER, D_LONE, seeded_stream, "decode worker restarted at its address (stream)");
+    assert_int_equal(metric(f, D_ROUTER, D_DEC1, WPORT, "blade:remote_prefills_total{result=\"ok\"}"), 2);
+
+    /* the prefill worker of another model was never paired */
+    assert_int_equal(metric(f, D_ROUTER, D_OTHER, WPORT, "blade:prefill_service_served_total"), 0);
+    assert_true(metric(f, D_ROUTER, D_PREFILL, WPORT, "blade:prefill_service_served_total") >= 5);
+    expect_outcomes(f, D_ROUTER, 6, 1, 7);
+    assert_true(metric(f, D_ROUTER, D_ROUTER, RPORT, "blade_router:retries_total{cause=\"failed_before_answer\"}") >=
+                1);
+    (void)etcd;
+}
+
+/* How many workers are registered in the etcd of host `etcd` (a count-only range read of
+ * blade/t/workers/ through etcd's JSON gateway; keys travel as base64). */
+static long registered(const fixture *f, int etcd)
+{
+    char args[320];
+    snprintf(args, sizeof args,
+             "http://%s:2379/v3/kv/range -d '{\"key\":\"YmxhZGUvdC93b3JrZXJzLw==\",\"range_end\":"
+             "\"YmxhZGUvdC93b3JrZXJzMA==\",\"count_only\":true}'",
+             f->net.addr[etcd]);
+    char *out = ns_curl(&f->net, etcd, args);
+    json_error_t je;
+    json_t *j = json_loads(out, 0, &je);
+    /* int64 fields come as strings; a count of zero is left out */
+    const char *count = json_string_value(json_object_get(j, "count"));
+    long n = j ? (count ? strtol(count, NULL, 10) : 0) : -1;
+    json_decref(j);
+    free(out);
+    return n;
+}
+
+static void wait_registered(const fixture *f, int etcd, long want)
+{
+    long got = -1;
+    for (int t = 0; t < 150 && (got = registered(f, etcd)) != want; t++)
+        usleep(100000);
+    if (got != want)
+        fail_msg("%ld workers registered in etcd after 15 s, not %ld", got, want);
+}
+
+/* Writes an unrelated key n times: the store's revision climbs, as it does where etcd
+ * serves more than this cluster, so a store that comes back empty restarts far below the
+ * revision a watcher resumes from. */
+static void bump_revision(const fixture *f, int etcd, int n)
+{
+    char args[192];
+    snprintf(args, sizeof args, "-o /dev/null http://%s:2379/v3/kv/put -d '{\"key\":\"ZmF1bHRzL3BhZA==\",\"value\":\"eA==\"}'",
+             f->net.addr[etcd]);
+    for (int i = 0; i < n; i++)
+        free(ns_curl(&f->net, etcd, args));
+}
+
+static long disaggregated(const fixture *f, int router)
+{
+    return metric(f, router, router, RPORT, "blade_router:disaggregated_total");
+}
+
+enum { E_ROUTER, E_PREFILL, E_DECODE, E_LONE, E_LATE, E_HOSTS };
+
+static void test_etcd_restarted(void **state)
+{
+    fixture *f = *state;
+    begin(f, E_HOSTS, true);
+    char *log = temp_path("faults-etcd.log");
+    pid_t etcd = ns_etcd(&f->net, E_ROUTER, f->etcd_data, log);
+    bump_revision(f, E_ROUTER, 30);
+    char how[128];
+    snprintf(how, sizeof how, "--etcd http://%s:2379 --cluster t", f->net.addr[E_ROUTER]);
+    start_router(f, E_ROUTER, how, "faults-e-router.log");
+    start_prefill(f, E_PREFILL, E_ROUTER, NULL, NULL, "faults-e-prefill.log");
+    pid_t decode = start_decode(f, E_DECODE, E_ROUTER, NULL, "faults-e-decode.log");
+    worker(f, E_LONE, NULL, "", NULL, "faults-e-lone.log");
+    for (int i = E_PREFILL; i <= E_LONE; i++)
+        ns_wait_healthy(&f->net, i, WPORT);
+    wait_healthy(f, E_ROUTER, "prefill", 1);
+    wait_healthy(f, E_ROUTER, "decode", 1);
+    check_request(f, E_ROUTER, E_LONE, greedy, "etcd up");
+    assert_int_equal(disaggregated(f, E_ROUTER), 1);
+
+    /* etcd down: the last view still routes, /health says why it may be stale */
+    kill_worker(f, etcd);
+    wait_status(f, E_ROUTER, "degraded");
+    json_t *h = router_health(f, E_ROUTER), *e = json_object_get(h, "etcd");
+    assert_true(json_is_false(json_object_get(e, "current")));
+    assert_non_null(json_string_value(json_object_get(e, "reason")));
+    json_decref(h);
+    check_request(f, E_ROUTER, E_LONE, seeded, "etcd down");
+    assert_int_equal(disaggregated(f, E_ROUTER), 2);
+    sleep(3); /* past the workers' 2 s lease, which they cannot renew now */
+
+    /* etcd back on its data */
+    etcd = ns_etcd(&f->net, E_ROUTER, f->etcd_data, log);
+    wait_status(f, E_ROUTER, "ok");
+    wait_registered(f, E_ROUTER, 2);
+    wait_healthy(f, E_ROUTER, "prefill", 1);
+    wait_healthy(f, E_ROUTER, "decode", 1);
+    check_request(f, E_ROUTER, E_LONE, seeded_stream, "etcd restarted");
+    assert_int_equal(disaggregated(f, E_ROUTER), 3);
+
+    /* etcd back without its data: the workers register again, and the router's view
+     * follows the new store: a worker that joins now is used, one that dies now leaves */
+    kill_worker(f, etcd);
+    remove_tree(f->etcd_data);
+    etcd = ns_etcd(&f->net, E_ROUTER, f->etcd_data, log);
+    free(log);
+    wait_registered(f, E_ROUTER, 2);
+    wait_status(f, E_ROUTER, "ok");
+    start_decode(f, E_LATE, E_ROUTER, NULL, "faults-e-late.log");
+    ns_wait_healthy(&f->net, E_LATE, WPORT);
+    wait_registered(f, E_ROUTER, 3);
+    kill_worker(f, decode);
+    wait_listed(f, E_ROUTER, E_DECODE, false);
+    wait_listed(f, E_ROUTER, E_LATE, true);
+    wait_healthy(f, E_ROUTER, "decode", 1);
+    check_request(f, E_ROUTER, E_LONE, greedy, "etcd restarted without its data");
+    assert_int_equal(disaggregated(f, E_ROUTER), 4);
+    assert_int_equal(metric(f, E_ROUTER, E_LATE, WPORT, "blade:remote_prefills_total{result=\"ok\"}"), 1);
+    expect_outcomes(f, E_ROUTER, 4, 0, 4);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_prefill_killed_mid_transfer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_decode_killed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_etcd_restarted, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
