@@ -41,6 +41,7 @@
 typedef struct fixture {
     blade_netns net;
     char *model, *key, *etcd_data, *other_model;
+    pid_t etcd;
 } fixture;
 
 static int setup(void **state)
@@ -135,14 +136,23 @@ static void cluster_flags(const fixture *f, int etcd_host, char *out, size_t cap
         snprintf(out + n, cap - n, " --etcd http://%s:2379 --cluster t --etcd-ttl 2", f->net.addr[etcd_host]);
 }
 
-static void start_router(fixture *f, int host, const char *how, const char *log_name)
+static pid_t start_router(fixture *f, int host, const char *how, const char *log_name)
 {
     char args[1024];
     snprintf(args, sizeof args, "router --listen %s:%d %s --policy cache-aware", f->net.addr[host], RPORT, how);
     char *log = temp_path(log_name);
-    ns_blade(&f->net, host, args, log);
+    pid_t pid = ns_blade(&f->net, host, args, log);
     free(log);
     ns_wait_healthy(&f->net, host, RPORT);
+    return pid;
+}
+
+/* After the faults the router still stops cleanly on SIGTERM: exit status 0 (under the
+ * sanitizers, also nothing leaked on the failure paths it went through). */
+static void stop_router(fixture *f, pid_t router)
+{
+    kill(router, SIGTERM);
+    assert_int_equal(blade_netns_wait(&f->net, router, 20000), 0);
 }
 
 /* The router's GET /health, parsed. */
@@ -360,7 +370,7 @@ static void test_prefill_killed_mid_transfer(void **state)
     char how[256];
     snprintf(how, sizeof how, "--workers http://%s:%d,http://%s:%d", f->net.addr[P_PREFILL], WPORT,
              f->net.addr[P_DECODE], WPORT);
-    start_router(f, P_ROUTER, how, "faults-p-router.log");
+    pid_t router = start_router(f, P_ROUTER, how, "faults-p-router.log");
     wait_healthy(f, P_ROUTER, "prefill", 1);
     wait_healthy(f, P_ROUTER, "decode", 1);
 
@@ -404,6 +414,7 @@ static void test_prefill_killed_mid_transfer(void **state)
     assert_int_equal(metric(f, P_ROUTER, P_DECODE, WPORT, "blade:remote_prefills_total{result=\"ok\"}"), 2);
     /* every request answered in full, none counted otherwise */
     expect_outcomes(f, P_ROUTER, 5, 0, 5);
+    stop_router(f, router);
 }
 
 /* The router's view of host i: listed at all (its registration present). */
@@ -424,14 +435,29 @@ static void wait_listed(const fixture *f, int router, int i, bool want)
     fail_msg("the router %s host %d's worker after 15 s", want ? "does not list" : "still lists", i);
 }
 
-static void start_etcd_router(fixture *f, int router, pid_t *etcd, const char *router_log)
+/* Writes an unrelated key n times: the store's revision climbs, as it does where etcd
+ * serves more than this cluster, so a store that comes back empty restarts far below the
+ * revision a watcher resumes from. */
+static void bump_revision(const fixture *f, int etcd, int n)
+{
+    char args[192];
+    snprintf(args, sizeof args, "-o /dev/null http://%s:2379/v3/kv/put -d '{\"key\":\"ZmF1bHRzL3BhZA==\",\"value\":\"eA==\"}'",
+             f->net.addr[etcd]);
+    for (int i = 0; i < n; i++)
+        free(ns_curl(&f->net, etcd, args));
+}
+
+/* etcd and a router watching it, in host `router`; the router's pid. */
+static pid_t start_etcd_router(fixture *f, int router, int bump, const char *router_log)
 {
     char *log = temp_path("faults-etcd.log");
-    *etcd = ns_etcd(&f->net, router, f->etcd_data, log);
+    pid_t etcd = ns_etcd(&f->net, router, f->etcd_data, log);
     free(log);
+    bump_revision(f, router, bump);
     char how[128];
     snprintf(how, sizeof how, "--etcd http://%s:2379 --cluster t", f->net.addr[router]);
-    start_router(f, router, how, router_log);
+    f->etcd = etcd;
+    return start_router(f, router, how, router_log);
 }
 
 enum { D_ROUTER, D_PREFILL, D_OTHER, D_DEC1, D_DEC2, D_LONE, D_HOSTS };
@@ -441,8 +467,7 @@ static void test_decode_killed(void **state)
     fixture *f = *state;
     begin(f, D_HOSTS, true);
     f->other_model = synth_small_model("faults-other.gguf", 7);
-    pid_t etcd;
-    start_etcd_router(f, D_ROUTER, &etcd, "faults-d-router.log");
+    pid_t router = start_etcd_router(f, D_ROUTER, 0, "faults-d-router.log");
     start_prefill(f, D_PREFILL, D_ROUTER, NULL, NULL, "faults-d-prefill.log");
     start_prefill(f, D_OTHER, D_ROUTER, f->other_model, NULL, "faults-d-other.log");
     pid_t dec1 = start_decode(f, D_DEC1, D_ROUTER, "BLADE_TEST_ANSWER_HOLD_MS=" HOLD, "faults-d-dec1.log");
@@ -495,7 +520,7 @@ static void test_decode_killed(void **state)
     expect_outcomes(f, D_ROUTER, 6, 1, 7);
     assert_true(metric(f, D_ROUTER, D_ROUTER, RPORT, "blade_router:retries_total{cause=\"failed_before_answer\"}") >=
                 1);
-    (void)etcd;
+    stop_router(f, router);
 }
 
 /* How many workers are registered in the etcd of host `etcd` (a count-only range read of
@@ -527,18 +552,6 @@ static void wait_registered(const fixture *f, int etcd, long want)
         fail_msg("%ld workers registered in etcd after 15 s, not %ld", got, want);
 }
 
-/* Writes an unrelated key n times: the store's revision climbs, as it does where etcd
- * serves more than this cluster, so a store that comes back empty restarts far below the
- * revision a watcher resumes from. */
-static void bump_revision(const fixture *f, int etcd, int n)
-{
-    char args[192];
-    snprintf(args, sizeof args, "-o /dev/null http://%s:2379/v3/kv/put -d '{\"key\":\"ZmF1bHRzL3BhZA==\",\"value\":\"eA==\"}'",
-             f->net.addr[etcd]);
-    for (int i = 0; i < n; i++)
-        free(ns_curl(&f->net, etcd, args));
-}
-
 static long disaggregated(const fixture *f, int router)
 {
     return metric(f, router, router, RPORT, "blade_router:disaggregated_total");
@@ -550,12 +563,8 @@ static void test_etcd_restarted(void **state)
 {
     fixture *f = *state;
     begin(f, E_HOSTS, true);
+    pid_t router = start_etcd_router(f, E_ROUTER, 30, "faults-e-router.log"), etcd = f->etcd;
     char *log = temp_path("faults-etcd.log");
-    pid_t etcd = ns_etcd(&f->net, E_ROUTER, f->etcd_data, log);
-    bump_revision(f, E_ROUTER, 30);
-    char how[128];
-    snprintf(how, sizeof how, "--etcd http://%s:2379 --cluster t", f->net.addr[E_ROUTER]);
-    start_router(f, E_ROUTER, how, "faults-e-router.log");
     start_prefill(f, E_PREFILL, E_ROUTER, NULL, NULL, "faults-e-prefill.log");
     pid_t decode = start_decode(f, E_DECODE, E_ROUTER, NULL, "faults-e-decode.log");
     worker(f, E_LONE, NULL, "", NULL, "faults-e-lone.log");
@@ -605,6 +614,7 @@ static void test_etcd_restarted(void **state)
     assert_int_equal(disaggregated(f, E_ROUTER), 4);
     assert_int_equal(metric(f, E_ROUTER, E_LATE, WPORT, "blade:remote_prefills_total{result=\"ok\"}"), 1);
     expect_outcomes(f, E_ROUTER, 4, 0, 4);
+    stop_router(f, router);
 }
 
 int main(void)
