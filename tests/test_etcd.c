@@ -1,7 +1,8 @@
 /* The etcd client against a real etcd that the test starts on loopback: keys and prefixes,
  * leases that lapse and take their keys with them, registrations kept alive and restored
  * after etcd restarts, watches that see puts and deletes and resume after a restart
- * without losing an event (also when etcd comes back without its data), and calls to a dead or silent etcd that fail in time. */
+ * without losing an event (also when etcd comes back without its data), and calls to a
+ * dead or silent etcd that fail in time. */
 
 #include "testutil.h"
 

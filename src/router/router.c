@@ -33,9 +33,9 @@ static const char *const outcome_names[] = {"ok",          "worker_error_status"
                                             "worker_failed_midstream", "client_gone", "internal_error"};
 
 /* Why an attempt on a worker failed before its answer began, for /metrics: the request
- * was then tried on another worker. */
-enum retry_cause { RETRY_UNREACHABLE, RETRY_FAILED, RETRY_COUNT };
-static const char *const retry_names[] = {"unreachable", "failed_before_answer"};
+ * then went to another worker (or, out of tries or workers, ended no_worker). */
+enum attempt_cause { ATTEMPT_UNREACHABLE, ATTEMPT_FAILED, ATTEMPT_COUNT };
+static const char *const attempt_names[] = {"unreachable", "failed_before_answer"};
 
 struct router {
     router_config cfg;
@@ -44,7 +44,7 @@ struct router {
     int port;
     pthread_mutex_t mu;
     uint64_t outcomes[OUT_COUNT];
-    uint64_t retries[RETRY_COUNT], prefix_routed, load_routed, disaggregated;
+    uint64_t attempts_failed[ATTEMPT_COUNT], prefix_routed, load_routed, disaggregated;
 };
 
 typedef struct rconn {
@@ -294,8 +294,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max)
         json_decref(j);
         /* a worker cut off inside an event leaves half a line: end it so the error event
          * parses as one */
-        int n = snprintf(out, max, "%sdata: %s\n\ndata: [DONE]\n\n", c->tail[0] == '\n' && c->tail[1] == '\n' ? "" : "\n\n",
-                         text ? text : "{}");
+        bool at_event_end = c->tail[0] == '\n' && c->tail[1] == '\n';
+        int n = snprintf(out, max, "%sdata: %s\n\ndata: [DONE]\n\n", at_event_end ? "" : "\n\n", text ? text : "{}");
         free(text);
         count(c->r, OUT_MIDSTREAM);
         finish_choice(c, true);
@@ -330,13 +330,13 @@ static void stream_free(void *cls)
 }
 
 /* The attempt on the chosen worker failed before its answer began: the worker leaves the
- * pool (until it answers a poll) and this request, and the retry is counted by cause. */
-static void retry(rconn *c, bool *exclude)
+ * pool (until it answers a poll) and this request's candidates; counted by cause. */
+static void attempt_failed(rconn *c, bool *exclude)
 {
     bool unreachable = c->result == CURLE_COULDNT_CONNECT || c->result == CURLE_OPERATION_TIMEDOUT ||
                        c->result == CURLE_COULDNT_RESOLVE_HOST;
     pthread_mutex_lock(&c->r->mu);
-    c->r->retries[unreachable ? RETRY_UNREACHABLE : RETRY_FAILED]++;
+    c->r->attempts_failed[unreachable ? ATTEMPT_UNREACHABLE : ATTEMPT_FAILED]++;
     pthread_mutex_unlock(&c->r->mu);
     exclude[c->choice.worker] = true;
     relay_end(c);
@@ -385,7 +385,7 @@ static enum MHD_Result serve_completion(rconn *c, struct MHD_Connection *mc, con
         if (c->failed || status == 0) {
             fprintf(stderr, "blade router: worker %s failed before answering (%s); trying another\n",
                     c->choice.url, c->curl_error);
-            retry(c, exclude);
+            attempt_failed(c, exclude);
             continue;
         }
         if (stream && status == 200) {
@@ -409,7 +409,7 @@ static enum MHD_Result serve_completion(rconn *c, struct MHD_Connection *mc, con
         if (c->failed) {
             fprintf(stderr, "blade router: worker %s failed before its answer was complete (%s); trying another\n",
                     c->choice.url, c->curl_error);
-            retry(c, exclude);
+            attempt_failed(c, exclude);
             continue;
         }
         char *text = malloc(c->buf_len + 1);
@@ -463,11 +463,12 @@ static enum MHD_Result serve_metrics(router *r, struct MHD_Connection *mc)
         n += (size_t)snprintf(text + n, sizeof text - n, "blade_router:requests_total{result=\"%s\"} %llu\n",
                               outcome_names[o], (unsigned long long)r->outcomes[o]);
     n += (size_t)snprintf(text + n, sizeof text - n,
-                          "# HELP blade_router:retries_total Requests sent to another worker after one failed before "
-                          "answering, by why it failed.\n# TYPE blade_router:retries_total counter\n");
-    for (int k = 0; k < RETRY_COUNT; k++)
-        n += (size_t)snprintf(text + n, sizeof text - n, "blade_router:retries_total{cause=\"%s\"} %llu\n",
-                              retry_names[k], (unsigned long long)r->retries[k]);
+                          "# HELP blade_router:attempts_failed_total Attempts on a worker that failed before its "
+                          "answer began (the request then went to another worker), by why.\n"
+                          "# TYPE blade_router:attempts_failed_total counter\n");
+    for (int k = 0; k < ATTEMPT_COUNT; k++)
+        n += (size_t)snprintf(text + n, sizeof text - n, "blade_router:attempts_failed_total{cause=\"%s\"} %llu\n",
+                              attempt_names[k], (unsigned long long)r->attempts_failed[k]);
     n += (size_t)snprintf(
         text + n, sizeof text - n,
         "# HELP blade_router:routed_total Worker choices, by reason.\n# TYPE blade_router:routed_total counter\n"
