@@ -10,8 +10,8 @@
  *    non-streaming answer: the stream ends with an error event naming the cause and
  *    [DONE], the other request is retried on the second decode worker and answered; new
  *    requests go to the survivor and the dead worker leaves the router's view within its
- *    lease; restarted at its address it serves again; a prefill worker of another model
- *    (another KV fingerprint) is never paired with either;
+ *    lease; restarted at its address it serves again, taking turns with the other one; a
+ *    prefill worker of another model (another KV fingerprint) is never paired with either;
  *  - etcd SIGKILLed: the router keeps routing on its last view and /health says degraded
  *    with the reason; etcd back on its data: /health ok, routing on; etcd back without its
  *    data: the workers register again, and a worker that joins later is seen and used.
@@ -266,6 +266,11 @@ static const char *const seeded =
     "{\"model\":\"stories260K.gguf\",\"prompt\":\"The cat sat on the mat and looked at the big red ball\","
     "\"max_tokens\":24,\"temperature\":0.9,\"seed\":11}";
 
+static const char *const short_a =
+    "{\"model\":\"stories260K.gguf\",\"prompt\":\"A little bird sang\",\"max_tokens\":20,\"temperature\":0}";
+static const char *const short_b =
+    "{\"model\":\"stories260K.gguf\",\"prompt\":\"Tom went to the shop\",\"max_tokens\":20,\"temperature\":0}";
+
 /* A router's (or a worker's) answer against the lone server's for the same body. */
 static void expect_same(const fixture *f, int lone, const char *body, const char *got_r, const char *what)
 {
@@ -513,19 +518,27 @@ static void test_decode_killed(void **state)
     assert_int_equal(metric(f, D_ROUTER, D_ROUTER, RPORT, unreachable), 0);
     wait_listed(f, D_ROUTER, D_DEC1, false);
 
-    /* restarted at its address it serves again (the other decode worker gone, it must) */
+    /* Restarted at its address it serves again: two requests in a row with no prefix to
+     * follow (prompts under one routing block) take turns over the two idle decode
+     * workers; then, the other one gone, it takes all. */
     start_decode(f, D_DEC1, D_ROUTER, NULL, "faults-d-dec1b.log");
     ns_wait_healthy(&f->net, D_DEC1, WPORT);
     wait_healthy(f, D_ROUTER, "decode", 2);
+    const char *remote_ok = "blade:remote_prefills_total{result=\"ok\"}";
+    long dec2_ok = metric(f, D_ROUTER, D_DEC2, WPORT, remote_ok);
+    check_request(f, D_ROUTER, D_LONE, short_a, "two decode workers, one restarted (a)");
+    check_request(f, D_ROUTER, D_LONE, short_b, "two decode workers, one restarted (b)");
+    assert_int_equal(metric(f, D_ROUTER, D_DEC1, WPORT, remote_ok), 1);
+    assert_int_equal(metric(f, D_ROUTER, D_DEC2, WPORT, remote_ok), dec2_ok + 1);
     kill_worker(f, dec2);
     check_request(f, D_ROUTER, D_LONE, greedy, "decode worker restarted at its address");
     check_request(f, D_ROUTER, D_LONE, seeded_stream, "decode worker restarted at its address (stream)");
-    assert_int_equal(metric(f, D_ROUTER, D_DEC1, WPORT, "blade:remote_prefills_total{result=\"ok\"}"), 2);
+    assert_int_equal(metric(f, D_ROUTER, D_DEC1, WPORT, remote_ok), 3);
 
     /* the prefill worker of another model was never paired */
     assert_int_equal(metric(f, D_ROUTER, D_OTHER, WPORT, "blade:prefill_service_served_total"), 0);
     assert_true(metric(f, D_ROUTER, D_PREFILL, WPORT, "blade:prefill_service_served_total") >= 5);
-    expect_outcomes(f, D_ROUTER, 6, 1, 7);
+    expect_outcomes(f, D_ROUTER, 8, 1, 9);
     stop_router(f, router);
 }
 
