@@ -334,7 +334,6 @@ static void expect_outcomes(const fixture *f, int router, long ok, long midstrea
     assert_int_equal(sum, total);
 }
 
-
 /* A prefill worker in host i, its KV service on ADDR:9000 (the same address each time);
  * env: a test aid for it alone. */
 static pid_t start_prefill(fixture *f, int i, int etcd_host, const char *model, const char *env, const char *log_name)
