@@ -2,6 +2,7 @@
 
 #include "cluster_harness.h"
 
+#include "etcd_server.h"
 #include "testutil.h"
 
 #include <stdio.h>
@@ -59,6 +60,48 @@ char *ns_complete(const blade_netns *net, int from, const char *host, int port, 
     char *out = ns_curl(net, from, args);
     free(args);
     return out;
+}
+
+pid_t ns_complete_bg(blade_netns *net, int from, const char *host, int port, const char *body, const char *out_path)
+{
+    char url[128];
+    snprintf(url, sizeof url, "http://%s:%d/v1/completions", host, port);
+    char *argv[] = {"curl", "-s", "-N", "--max-time", "60", "-H", "Content-Type: application/json", "-d", (char *)body,
+                    url, NULL};
+    blade_error err = {{0}};
+    unlink(out_path);
+    pid_t pid = blade_netns_spawn_cmd(net, from, argv, out_path, &err);
+    if (pid < 0)
+        fail_msg("%s", err.msg);
+    return pid;
+}
+
+pid_t ns_etcd(blade_netns *net, int i, const char *data_dir, const char *log)
+{
+    char client[64], peer[64], cluster[96], health[96];
+    snprintf(client, sizeof client, "http://%s:2379", net->addr[i]);
+    snprintf(peer, sizeof peer, "http://%s:2380", net->addr[i]);
+    snprintf(cluster, sizeof cluster, "t=%s", peer);
+    /* short raft timers: a single member elects itself at once and leases can be short */
+    char *argv[] = {(char *)etcd_binary(), "--name", "t", "--data-dir", (char *)data_dir, "--listen-client-urls",
+                    client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
+                    "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster, "--heartbeat-interval", "50",
+                    "--election-timeout", "250", NULL};
+    blade_error err = {{0}};
+    pid_t pid = blade_netns_spawn_cmd(net, i, argv, log, &err);
+    if (pid < 0)
+        fail_msg("%s", err.msg);
+    snprintf(health, sizeof health, "%s/health", client);
+    for (int t = 0; t < 100; t++) {
+        char *h = ns_curl(net, i, health);
+        bool up = strstr(h, "true") != NULL;
+        free(h);
+        if (up)
+            return pid;
+        usleep(100000);
+    }
+    fail_msg("etcd in host %d did not answer within 10 s (log: %s)", i, log);
+    return -1;
 }
 
 long ns_metric(const blade_netns *net, int from, const char *host, int port, const char *sample)

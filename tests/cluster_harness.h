@@ -20,6 +20,13 @@ pid_t ns_blade(blade_netns *net, int i, const char *args, const char *log);
 char *ns_complete(const blade_netns *net, int from, const char *host, int port, const char *body);
 /* A sample of a Prometheus text page at host:port/metrics, -1 when absent. */
 long ns_metric(const blade_netns *net, int from, const char *host, int port, const char *sample);
+/* The same in the background: curl's output goes to out_path; wait for the pid with
+ * blade_netns_wait. */
+pid_t ns_complete_bg(blade_netns *net, int from, const char *host, int port, const char *body, const char *out_path);
+/* etcd in host i, a single member serving http://ADDR:2379 from data_dir (created when
+ * missing), its log appended to log; waits up to 10 s until it answers, fails the test
+ * otherwise. */
+pid_t ns_etcd(blade_netns *net, int i, const char *data_dir, const char *log);
 /* Every "text" of a response or stream joined with '|', then the first finish_reason:
  * what must match between two servers (ids and timestamps differ). malloc'd. */
 char *completion_text(const char *resp);

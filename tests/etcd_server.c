@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -78,10 +79,14 @@ static int spawn(etcd_server *s)
                     "--logger", "zap", "--log-outputs", "stderr", NULL};
     fflush(stdout);
     fflush(stderr);
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0)
         return -1;
     if (pid == 0) {
+        /* a test that dies before its teardown must not leave etcd running */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            _exit(125);
         int fd = open(s->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (fd >= 0) {
             dup2(fd, 1);
@@ -141,6 +146,16 @@ void etcd_server_kill(etcd_server *s)
 int etcd_server_restart(etcd_server *s)
 {
     etcd_server_kill(s);
+    return spawn(s);
+}
+
+int etcd_server_restart_empty(etcd_server *s)
+{
+    etcd_server_kill(s);
+    char cmd[320];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/data'", s->dir);
+    if (system(cmd) != 0)
+        return -1;
     return spawn(s);
 }
 

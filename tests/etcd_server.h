@@ -24,6 +24,8 @@ int etcd_server_start(etcd_server *s);
 void etcd_server_kill(etcd_server *s);
 /* Starts it again on the same ports and data. */
 int etcd_server_restart(etcd_server *s);
+/* Starts it again on the same ports with no data: etcd that lost its store. */
+int etcd_server_restart_empty(etcd_server *s);
 /* Kills etcd and removes its directory. */
 void etcd_server_stop(etcd_server *s);
 

@@ -1,7 +1,8 @@
 /* The etcd client against a real etcd that the test starts on loopback: keys and prefixes,
  * leases that lapse and take their keys with them, registrations kept alive and restored
  * after etcd restarts, watches that see puts and deletes and resume after a restart
- * without losing an event, and calls to a dead or silent etcd that fail in time. */
+ * without losing an event (also when etcd comes back without its data), and calls to a
+ * dead or silent etcd that fail in time. */
 
 #include "testutil.h"
 
@@ -34,6 +35,7 @@ static void sleep_ms(int ms)
 typedef struct fixture {
     etcd_server server;
     blade_etcd *e;
+    blade_etcd_watch *watch; /* a watch a failed test left running: stopped in the teardown */
 } fixture;
 
 /* Without etcd the fixture is NULL and each test skips (loudly, once). */
@@ -60,6 +62,7 @@ static int teardown(void **state)
     fixture *f = *state;
     if (!f)
         return 0;
+    blade_etcd_watch_stop(f->watch);
     blade_etcd_free(f->e);
     etcd_server_stop(&f->server);
     free(f);
@@ -255,6 +258,38 @@ static void test_watch_and_restart(void **state)
     }
 }
 
+/* etcd back without its data restarts its revisions far below where the watch would
+ * resume: the watch notices (the store's revision is behind it) and lists afresh, so
+ * what happens in the new store is delivered. */
+static void test_watch_follows_an_emptied_store(void **state)
+{
+    fixture *f = need_etcd(state);
+    blade_error err = {{0}};
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(blade_etcd_put(f->e, "other", "x", 1, 0, &err), 0);
+    assert_int_equal(blade_etcd_put(f->e, "w/old", "1", 1, 0, &err), 0);
+    /* on the heap: a failed assertion leaves the watch writing here until the teardown */
+    recorder *rec = calloc(1, sizeof *rec);
+    assert_non_null(rec);
+    pthread_mutex_init(&rec->mu, NULL);
+    f->watch = blade_etcd_watch_prefix(f->e, "w/", record, rec, &err);
+    assert_non_null(f->watch);
+    assert_int_equal(wait_event(rec, "PUT w/old=1", 0, 3000), 1);
+    sleep_ms(200); /* the stream created */
+    assert_int_equal(etcd_server_restart_empty(&f->server), 0);
+    assert_int_equal(blade_etcd_put(f->e, "w/new", "N", 1, 0, &err), 0);
+    int reset = wait_event(rec, "RESET", 2, 5000);
+    assert_true(reset > 1);
+    assert_true(wait_event(rec, "PUT w/new=N", reset, 5000) > reset);
+    /* and live events after it */
+    assert_int_equal(blade_etcd_delete(f->e, "w/new", false, NULL, &err), 0);
+    assert_true(wait_event(rec, "DELETE w/new", reset, 5000) > reset);
+    blade_etcd_watch_stop(f->watch);
+    f->watch = NULL;
+    pthread_mutex_destroy(&rec->mu);
+    free(rec);
+}
+
 /* A registration outlives an etcd crash: the key is back after the restart. */
 static void test_registration_survives_restart(void **state)
 {
@@ -327,6 +362,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_keys_and_prefixes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lease_expiry, setup, teardown),
         cmocka_unit_test_setup_teardown(test_watch_and_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_watch_follows_an_emptied_store, setup, teardown),
         cmocka_unit_test_setup_teardown(test_registration_survives_restart, setup, teardown),
         cmocka_unit_test(test_unreachable),
     };

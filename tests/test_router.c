@@ -165,27 +165,10 @@ static void test_router_etcd_disaggregated(void **state)
     blade_error err = {{0}};
     if (blade_netns_create(&net, E_HOSTS, &err))
         fail_msg("%s", err.msg);
-    char client[64], peer[64], cluster[96];
+    char client[64];
     snprintf(client, sizeof client, "http://%s:2379", net.addr[E_ROUTER]);
-    snprintf(peer, sizeof peer, "http://%s:2380", net.addr[E_ROUTER]);
-    snprintf(cluster, sizeof cluster, "t=%s", peer);
     char *etcd_log = temp_path("router-etcd.log");
-    char *argv[] = {(char *)etcd_binary(), "--name", "t", "--data-dir", data, "--listen-client-urls", client,
-                    "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls",
-                    peer, "--initial-cluster", cluster, "--heartbeat-interval", "50", "--election-timeout", "250",
-                    NULL};
-    if (blade_netns_spawn_cmd(&net, E_ROUTER, argv, etcd_log, &err) < 0)
-        fail_msg("%s", err.msg);
-    char health[128];
-    snprintf(health, sizeof health, "%s/health", client);
-    for (int t = 0; t < 100; t++) {
-        char *h = ns_curl(&net, E_ROUTER, health);
-        bool up = strstr(h, "true") != NULL;
-        free(h);
-        if (up)
-            break;
-        usleep(100000);
-    }
+    ns_etcd(&net, E_ROUTER, data, etcd_log);
 
     char common[1024], extra[1536];
     snprintf(common, sizeof common, "--etcd %s --cluster t --etcd-ttl 2 --cluster-key-file %s --kv-transports tcp",

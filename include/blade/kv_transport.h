@@ -45,6 +45,12 @@ typedef struct blade_kv_transport_config {
 blade_kv_transport *blade_kv_transport_new(const blade_kv_transport_config *cfg, blade_error *err);
 /* All connections must be closed first. */
 void blade_kv_transport_free(blade_kv_transport *t);
+/* Sets the UCX defaults a process that listens needs, where the environment does not set
+ * them already: listeners reuse their address (UCX_TCP_CM_REUSEADDR), so a worker
+ * restarted at its address listens again while its killed predecessor's connections sit
+ * in TIME_WAIT (on Linux two live listeners still cannot share a port). UCX reads this
+ * only from the environment, at each transport's start: call it before any thread starts. */
+void blade_kv_transport_process_defaults(void);
 /* "UCX 1.13.1" and the like. */
 const char *blade_kv_transport_ucx_version(void);
 

@@ -2,6 +2,8 @@
 
 #include "cli/serve_role.h"
 
+#include "blade/kv_transport.h"
+
 #include <ctype.h>
 #include <jansson.h>
 #include <string.h>
@@ -63,6 +65,8 @@ int serve_role_prepare(serve_role_options *o, server_config *sc)
             fprintf(stderr, "warning: --cluster-key-file: %s\n", warn.msg);
         o->has_key = true;
     }
+    if (o->role == ROLE_PREFILL)
+        blade_kv_transport_process_defaults(); /* before the server's threads */
     if (o->kv_listen && o->role != ROLE_PREFILL) {
         fprintf(stderr, "error: --kv-listen is for --role prefill\n");
         return -1;

@@ -7,6 +7,7 @@
 #include "blade/kv_transport.h"
 #include "blade/kv_wire.h"
 #include "blade/model.h"
+#include "common/test_aid.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -185,6 +186,11 @@ struct blade_prefill_service {
     atomic_bool stop;
     pthread_mutex_t mu;
     blade_prefill_service_stats stats;
+    /* Test aids (common/test_aid.h) for fault tests that SIGKILL this worker mid-request:
+     * BLADE_TEST_PREFILL_HOLD_MS holds each request before its prompt is computed (the
+     * decode worker waits as for a long prompt), BLADE_TEST_KV_FRAME_HOLD_MS between the
+     * FIRST message and the KV frame (the decode worker waits mid-transfer). */
+    int hold_prefill_ms, hold_frame_ms;
 };
 
 /* One decode worker's request, parked from its PREFILL until the engine has exported its
@@ -262,6 +268,14 @@ static int32_t *prompt_of(json_t *msg, int32_t n_vocab, int32_t max_tokens, int3
     return out;
 }
 
+/* The KV frame, after the test aid's hold, if one is set. */
+static int send_frame(const blade_prefill_service *ps, blade_kv_conn *c, const blade_kv_wire_frame_out *fo,
+                      blade_error *err)
+{
+    blade_test_aid_hold("BLADE_TEST_KV_FRAME_HOLD_MS", ps->hold_frame_ms, "a KV frame before sending it");
+    return blade_kv_send_frame(c, fo, err);
+}
+
 /* Tells the decode worker its prefill failed, where FIRST was due: it then computes the
  * prompt itself. */
 static void send_failure(blade_kv_conn *c, const blade_cluster_key *key, uint64_t tid, const char *why)
@@ -308,6 +322,7 @@ static prefill_job *start_prefill(blade_prefill_service *ps, blade_kv_conn *c, b
         q.cache_salt = salt;
         q.callback = on_export;
         q.user = j;
+        blade_test_aid_hold("BLADE_TEST_PREFILL_HOLD_MS", ps->hold_prefill_ms, "a prefill before computing its prompt");
         if (!(j->id = blade_engine_submit(ps->e, &q, err)))
             send_failure(c, key, j->tid, err->msg);
     }
@@ -347,7 +362,7 @@ static int finish_prefill(blade_prefill_service *ps, prefill_job *j, blade_error
         id_text(j->tid, t);
         json_t *first = json_pack("{s:s, s:i}", "transfer", t, "first_token", j->first_token), *done = NULL;
         /* the decode side's last word: closing before it would cut the frame short */
-        if (first && !send_control(j->c, key, first, err) && !blade_kv_send_frame(j->c, &fo, err) &&
+        if (first && !send_control(j->c, key, first, err) && !send_frame(ps, j->c, &fo, err) &&
             (done = recv_control(j->c, key, timeout_of(&ps->cfg), &refused, err))) {
             const char *why = json_string_value(json_object_get(done, "error"));
             if (why)
@@ -457,6 +472,8 @@ blade_prefill_service *blade_prefill_service_start(blade_engine *e, const blade_
         ps->has_key = true;
     }
     ps->cfg.key = NULL;
+    ps->hold_prefill_ms = blade_test_aid_ms("BLADE_TEST_PREFILL_HOLD_MS");
+    ps->hold_frame_ms = blade_test_aid_ms("BLADE_TEST_KV_FRAME_HOLD_MS");
     atomic_init(&ps->stop, false);
     pthread_mutex_init(&ps->mu, NULL);
     blade_kv_transport_config tc = {.key = key_of(ps), .timeout_ms = timeout_of(cfg), .transports = cfg->transports};

@@ -717,6 +717,14 @@ static void handle_message(blade_etcd_watch *w, const char *text, size_t len)
             w->next_revision = 0; /* history gone: list again */
         w->canceled = true;
     }
+    /* A store behind the revision this watch resumes from is not the one it watched (etcd
+     * back without its data, or from an older backup): its events would start below the
+     * resume point and never be delivered. List it afresh. */
+    int64_t store_revision = get_i64(json_object_get(res, "header"), "revision");
+    if (json_is_true(json_object_get(res, "created")) && store_revision > 0 && store_revision + 1 < w->next_revision) {
+        w->next_revision = 0;
+        w->canceled = true;
+    }
     json_t *events = json_object_get(res, "events");
     for (size_t i = 0; i < json_array_size(events); i++) {
         json_t *ev = json_array_get(events, i);

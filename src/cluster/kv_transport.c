@@ -492,6 +492,11 @@ blade_kv_transport *blade_kv_transport_new(const blade_kv_transport_config *cfg,
     return t;
 }
 
+void blade_kv_transport_process_defaults(void)
+{
+    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
+}
+
 void blade_kv_transport_free(blade_kv_transport *t)
 {
     if (!t)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -166,10 +167,15 @@ static pid_t spawn(blade_netns *net, int i, int (*fn)(void *), void *arg, char *
         return blade_error_set(err, "netns: more than %d children", BLADE_NETNS_MAX_CHILDREN);
     fflush(stdout);
     fflush(stderr);
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0)
         return blade_error_set(err, "netns: fork: %s", strerror(errno));
     if (pid == 0) {
+        /* A test that dies (a failed assertion, ctest's timeout) must not leave servers
+         * running: they go with it. */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            _exit(125);
         blade_error e = {{0}};
         if (blade_netns_enter(net, i, &e)) {
             fprintf(stderr, "%s\n", e.msg);

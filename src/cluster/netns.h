@@ -37,7 +37,8 @@ int blade_netns_create(blade_netns *net, int n, blade_error *err);
 /* Moves the calling thread into host i's network namespace. */
 int blade_netns_enter(const blade_netns *net, int i, blade_error *err);
 /* Forks a child that enters host i and returns fn(arg) as its exit status; the child is
- * killed by blade_netns_destroy if still running. -1 with err set on failure. */
+ * killed by blade_netns_destroy if still running, and when the calling thread ends (so a
+ * test that dies leaves nothing running). -1 with err set on failure. */
 pid_t blade_netns_spawn(blade_netns *net, int i, int (*fn)(void *), void *arg, blade_error *err);
 /* The same for a program: argv[0] is searched in PATH. stdout and stderr go to log_path
  * (appended) when given. */

@@ -17,10 +17,25 @@
 #define MAX_BODY ((size_t)32 << 20)
 #define TRIES 3
 
-/* How requests ended, for /metrics. */
-enum outcome { OUT_OK, OUT_WORKER_STATUS, OUT_BAD_REQUEST, OUT_NO_WORKER, OUT_MIDSTREAM, OUT_CLIENT_GONE, OUT_COUNT };
-static const char *const outcome_names[] = {"ok", "worker_error_status", "bad_request", "no_worker",
-                                            "worker_failed_midstream", "client_gone"};
+/* How requests ended, for /metrics: every completion request is counted once, so that
+ * none is lost silently (the sum is the number of requests). */
+enum outcome {
+    OUT_OK,
+    OUT_WORKER_STATUS,
+    OUT_BAD_REQUEST,
+    OUT_NO_WORKER,
+    OUT_MIDSTREAM,
+    OUT_CLIENT_GONE,
+    OUT_INTERNAL,
+    OUT_COUNT
+};
+static const char *const outcome_names[] = {"ok",          "worker_error_status", "bad_request",   "no_worker",
+                                            "worker_failed_midstream", "client_gone", "internal_error"};
+
+/* Why an attempt on a worker failed before its answer began, for /metrics: the request
+ * then went to another worker (or, out of tries or workers, ended no_worker). */
+enum attempt_cause { ATTEMPT_UNREACHABLE, ATTEMPT_FAILED, ATTEMPT_COUNT };
+static const char *const attempt_names[] = {"unreachable", "failed_before_answer"};
 
 struct router {
     router_config cfg;
@@ -29,7 +44,7 @@ struct router {
     int port;
     pthread_mutex_t mu;
     uint64_t outcomes[OUT_COUNT];
-    uint64_t retries, prefix_routed, load_routed, disaggregated;
+    uint64_t attempts_failed[ATTEMPT_COUNT], prefix_routed, load_routed, disaggregated;
 };
 
 typedef struct rconn {
@@ -49,6 +64,10 @@ typedef struct rconn {
     char *buf; /* received from the worker, not yet passed on */
     size_t buf_len, buf_pos, buf_cap;
     bool done, failed, ended;
+    CURLcode result;
+    /* the last two bytes passed on: "\n\n" ends an SSE event, after which an error event
+     * may follow as it is */
+    char tail[2];
     char curl_error[CURL_ERROR_SIZE];
 } rconn;
 
@@ -191,6 +210,8 @@ static bool relay_start(rconn *c, const char *path, struct MHD_Connection *mc)
     }
     c->buf_len = c->buf_pos = 0;
     c->done = c->failed = false;
+    c->result = CURLE_OK;
+    c->tail[0] = c->tail[1] = '\n';
     c->curl_error[0] = 0;
     curl_easy_setopt(c->easy, CURLOPT_URL, url);
     curl_easy_setopt(c->easy, CURLOPT_POSTFIELDS, c->body);
@@ -216,6 +237,7 @@ static void relay_pump(rconn *c, bool all)
         while ((msg = curl_multi_info_read(c->multi, &left)))
             if (msg->msg == CURLMSG_DONE) {
                 c->done = true;
+                c->result = msg->data.result;
                 c->failed = msg->data.result != CURLE_OK;
                 if (c->failed && !c->curl_error[0])
                     snprintf(c->curl_error, sizeof c->curl_error, "%s", curl_easy_strerror(msg->data.result));
@@ -253,6 +275,10 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max)
         size_t n = c->buf_len - c->buf_pos < max ? c->buf_len - c->buf_pos : max;
         memcpy(out, c->buf + c->buf_pos, n);
         c->buf_pos += n;
+        for (size_t i = n >= 2 ? n - 2 : 0; i < n; i++) {
+            c->tail[0] = c->tail[1];
+            c->tail[1] = out[i];
+        }
         if (c->buf_pos == c->buf_len)
             c->buf_pos = c->buf_len = 0;
         return (ssize_t)n;
@@ -260,12 +286,16 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max)
     c->ended = true;
     if (c->failed) {
         char msg[CURL_ERROR_SIZE + POOL_URL_MAX + 64];
-        snprintf(msg, sizeof msg, "the worker %s failed while streaming: %s", c->choice.url, c->curl_error);
-        json_t *j = json_pack("{s:{s:s, s:s, s:n, s:n}}", "error", "message", msg, "type", "server_error", "param",
-                              "code");
+        snprintf(msg, sizeof msg, "the worker %s failed while streaming (%s); the answer is incomplete",
+                 c->choice.url, c->curl_error);
+        json_t *j = json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type", "server_error", "param",
+                              "code", "worker_failed_midstream");
         char *text = json_dumps(j, JSON_COMPACT);
         json_decref(j);
-        int n = snprintf(out, max, "data: %s\n\ndata: [DONE]\n\n", text ? text : "{}");
+        /* a worker cut off inside an event leaves half a line: end it so the error event
+         * parses as one */
+        bool at_event_end = c->tail[0] == '\n' && c->tail[1] == '\n';
+        int n = snprintf(out, max, "%sdata: %s\n\ndata: [DONE]\n\n", at_event_end ? "" : "\n\n", text ? text : "{}");
         free(text);
         count(c->r, OUT_MIDSTREAM);
         finish_choice(c, true);
@@ -299,6 +329,20 @@ static void stream_free(void *cls)
     rconn_release(c);
 }
 
+/* The attempt on the chosen worker failed before its answer began: the worker leaves the
+ * pool (until it answers a poll) and this request's candidates; counted by cause. */
+static void attempt_failed(rconn *c, bool *exclude)
+{
+    bool unreachable = c->result == CURLE_COULDNT_CONNECT || c->result == CURLE_OPERATION_TIMEDOUT ||
+                       c->result == CURLE_COULDNT_RESOLVE_HOST;
+    pthread_mutex_lock(&c->r->mu);
+    c->r->attempts_failed[unreachable ? ATTEMPT_UNREACHABLE : ATTEMPT_FAILED]++;
+    pthread_mutex_unlock(&c->r->mu);
+    exclude[c->choice.worker] = true;
+    relay_end(c);
+    finish_choice(c, true);
+}
+
 static enum MHD_Result serve_completion(rconn *c, struct MHD_Connection *mc, const char *path)
 {
     router *r = c->r;
@@ -322,8 +366,6 @@ static enum MHD_Result serve_completion(rconn *c, struct MHD_Connection *mc, con
             break;
         c->chosen = true;
         pthread_mutex_lock(&r->mu);
-        if (attempt)
-            r->retries++;
         if (c->choice.prefix_hit)
             r->prefix_routed++;
         else
@@ -334,6 +376,7 @@ static enum MHD_Result serve_completion(rconn *c, struct MHD_Connection *mc, con
         if (!relay_start(c, path, mc)) {
             relay_end(c);
             finish_choice(c, false);
+            count(r, OUT_INTERNAL);
             return respond_error(mc, 500, "server_error", "out of memory");
         }
         /* until its first bytes, a failing worker costs the client nothing: try another */
@@ -342,16 +385,18 @@ static enum MHD_Result serve_completion(rconn *c, struct MHD_Connection *mc, con
         if (c->failed || status == 0) {
             fprintf(stderr, "blade router: worker %s failed before answering (%s); trying another\n",
                     c->choice.url, c->curl_error);
-            exclude[c->choice.worker] = true;
-            relay_end(c);
-            finish_choice(c, true);
+            attempt_failed(c, exclude);
             continue;
         }
         if (stream && status == 200) {
             struct MHD_Response *resp =
                 MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, c, stream_free);
-            if (!resp)
+            if (!resp) {
+                relay_end(c);
+                finish_choice(c, false);
+                count(r, OUT_INTERNAL);
                 return MHD_NO;
+            }
             atomic_fetch_add(&c->refs, 1);
             MHD_add_response_header(resp, "Content-Type", "text/event-stream");
             MHD_add_response_header(resp, "Cache-Control", "no-cache");
@@ -362,15 +407,16 @@ static enum MHD_Result serve_completion(rconn *c, struct MHD_Connection *mc, con
         /* the whole answer, relayed with the worker's status */
         relay_pump(c, true);
         if (c->failed) {
-            exclude[c->choice.worker] = true;
-            relay_end(c);
-            finish_choice(c, true);
+            fprintf(stderr, "blade router: worker %s failed before its answer was complete (%s); trying another\n",
+                    c->choice.url, c->curl_error);
+            attempt_failed(c, exclude);
             continue;
         }
         char *text = malloc(c->buf_len + 1);
         if (!text) {
             relay_end(c);
             finish_choice(c, false);
+            count(r, OUT_INTERNAL);
             return MHD_NO;
         }
         memcpy(text, c->buf, c->buf_len);
@@ -416,15 +462,20 @@ static enum MHD_Result serve_metrics(router *r, struct MHD_Connection *mc)
     for (int o = 0; o < OUT_COUNT; o++)
         n += (size_t)snprintf(text + n, sizeof text - n, "blade_router:requests_total{result=\"%s\"} %llu\n",
                               outcome_names[o], (unsigned long long)r->outcomes[o]);
+    n += (size_t)snprintf(text + n, sizeof text - n,
+                          "# HELP blade_router:attempts_failed_total Attempts on a worker that failed before its "
+                          "answer began (the request then went to another worker), by why.\n"
+                          "# TYPE blade_router:attempts_failed_total counter\n");
+    for (int k = 0; k < ATTEMPT_COUNT; k++)
+        n += (size_t)snprintf(text + n, sizeof text - n, "blade_router:attempts_failed_total{cause=\"%s\"} %llu\n",
+                              attempt_names[k], (unsigned long long)r->attempts_failed[k]);
     n += (size_t)snprintf(
         text + n, sizeof text - n,
-        "# HELP blade_router:retries_total Requests sent to another worker after one failed before answering.\n"
-        "# TYPE blade_router:retries_total counter\nblade_router:retries_total %llu\n"
         "# HELP blade_router:routed_total Worker choices, by reason.\n# TYPE blade_router:routed_total counter\n"
         "blade_router:routed_total{reason=\"prefix\"} %llu\nblade_router:routed_total{reason=\"load\"} %llu\n"
         "# HELP blade_router:disaggregated_total Requests sent to a decode worker with a prefill worker.\n"
         "# TYPE blade_router:disaggregated_total counter\nblade_router:disaggregated_total %llu\n",
-        (unsigned long long)r->retries, (unsigned long long)r->prefix_routed, (unsigned long long)r->load_routed,
+        (unsigned long long)r->prefix_routed, (unsigned long long)r->load_routed,
         (unsigned long long)r->disaggregated);
     pthread_mutex_unlock(&r->mu);
     return respond(mc, 200, "text/plain; version=0.0.4", text);

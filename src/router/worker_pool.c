@@ -335,25 +335,36 @@ static int64_t load_of(const worker *w)
     return w->inflight + w->running + w->waiting;
 }
 
+static bool candidate(const pool *p, int i, bool (*ok)(const worker *, const void *), const void *arg,
+                      const bool *exclude)
+{
+    const worker *w = &p->w[i];
+    return w->healthy && w->listed && !(exclude && exclude[i]) && ok(w, arg);
+}
+
 /* Among workers that pass ok(): the holder of the longest prefix (if within the slack of
- * the least loaded), else the least loaded; ties rotate. -1 when none passes. */
-static int pick(pool *p, const pool_key *k, bool (*ok)(const worker *, const void *), const void *arg,
+ * the least loaded), else the least loaded; ties take turns: the turn-th of them (mod
+ * their number), so that requests of one choice each, in a row, spread over all tied
+ * workers whatever their places in the table. -1 when none passes. */
+static int pick(pool *p, uint64_t turn, const pool_key *k, bool (*ok)(const worker *, const void *), const void *arg,
                 const bool *exclude, bool use_prefix, bool *hit)
 {
-    int least = -1, n_ok = 0;
+    int least = -1, ties = 0;
     int64_t least_load = 0;
-    uint64_t turn = p->rr++;
-    for (int j = 0; j < p->n; j++) {
-        int i = (int)((turn + (uint64_t)j) % (uint64_t)p->n);
-        const worker *w = &p->w[i];
-        if (!w->healthy || !w->listed || (exclude && exclude[i]) || !ok(w, arg))
+    for (int i = 0; i < p->n; i++) {
+        if (!candidate(p, i, ok, arg, exclude))
             continue;
-        n_ok++;
-        if (least < 0 || load_of(w) < least_load) {
-            least = i;
-            least_load = load_of(w);
+        int64_t load = load_of(&p->w[i]);
+        if (ties == 0 || load < least_load) {
+            least_load = load;
+            ties = 1;
+        } else if (load == least_load) {
+            ties++;
         }
     }
+    for (int i = 0, skip = ties ? (int)(turn % (uint64_t)ties) : 0; i < p->n && least < 0; i++)
+        if (candidate(p, i, ok, arg, exclude) && load_of(&p->w[i]) == least_load && skip-- == 0)
+            least = i;
     *hit = false;
     if (least < 0 || !use_prefix || p->cfg.policy == POLICY_ROUND_ROBIN)
         return least;
@@ -362,7 +373,7 @@ static int pick(pool *p, const pool_key *k, bool (*ok)(const worker *, const voi
         if (s->hash != k->hashes[b] || s->worker < 0)
             continue;
         const worker *w = &p->w[s->worker];
-        if (!w->healthy || !w->listed || (exclude && exclude[s->worker]) || !ok(w, arg))
+        if (!candidate(p, s->worker, ok, arg, exclude))
             continue;
         if (load_of(w) <= least_load + p->cfg.slack) {
             *hit = true;
@@ -388,10 +399,14 @@ bool pool_choose(pool *p, const pool_key *k, const bool *exclude, pool_choice *o
     memset(out, 0, sizeof *out);
     out->prefill = -1;
     pthread_mutex_lock(&p->mu);
-    int i = pick(p, k, role_is, "both", exclude, true, &out->prefix_hit);
-    if (i < 0 && (i = pick(p, k, role_is, "decode", exclude, true, &out->prefix_hit)) >= 0) {
+    /* one turn per choice, shared by its picks: each pick's ties then rotate request by
+     * request (a turn per pick would step a decode pick by three and could land on the
+     * same worker every time) */
+    uint64_t turn = p->rr++;
+    int i = pick(p, turn, k, role_is, "both", exclude, true, &out->prefix_hit);
+    if (i < 0 && (i = pick(p, turn, k, role_is, "decode", exclude, true, &out->prefix_hit)) >= 0) {
         bool unused;
-        out->prefill = pick(p, k, prefill_for, p->w[i].fingerprint, exclude, false, &unused);
+        out->prefill = pick(p, turn, k, prefill_for, p->w[i].fingerprint, exclude, false, &unused);
         if (out->prefill >= 0) {
             snprintf(out->prefill_kv, sizeof out->prefill_kv, "%s", p->w[out->prefill].kv);
             p->w[out->prefill].inflight++;

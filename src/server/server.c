@@ -3,6 +3,7 @@
 #include "server/server.h"
 
 #include "api/api.h"
+#include "common/test_aid.h"
 #include "server/cache_front.h"
 #include "server/gate.h"
 #include "server/http_head.h"
@@ -50,6 +51,7 @@ typedef struct conn {
     api_buf out;          /* stream bytes not yet handed to libmicrohttpd */
     size_t out_pos;
     bool out_end;
+    bool held;            /* the stream has had its test-aid hold */
     struct conn *next, *prev; /* server.active, from admission until the answer is sent */
 } conn;
 
@@ -71,6 +73,10 @@ struct server {
     metrics m;
     char role[16];     /* both, prefill or decode */
     char kv_addr[300]; /* prefill role: HOST:PORT of the KV service */
+    /* Test aid (common/test_aid.h) for fault tests that SIGKILL a worker mid-answer:
+     * BLADE_TEST_ANSWER_HOLD_MS holds a stream after its first chunk, and any other
+     * completion before its response, for that long. */
+    int hold_answer_ms;
 };
 
 static double now(void)
@@ -407,7 +413,10 @@ static void idle_again(conn *c)
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
     conn *c = cls;
-    (void)pos;
+    if (pos > 0 && !c->held) {
+        c->held = true;
+        blade_test_aid_hold("BLADE_TEST_ANSWER_HOLD_MS", c->s->hold_answer_ms, "a stream after its first chunk");
+    }
     for (;;) {
         if (c->out.failed)
             return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -568,6 +577,7 @@ static enum MHD_Result serve_completion(conn *c)
     c->deadline = s->cfg.timeout > 0 ? c->t_start + s->cfg.timeout : 0;
 
     if (stream) {
+        c->held = false;
         api_job_stream_start(c->job, &c->out);
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, c, NULL);
         if (!r)
@@ -590,6 +600,7 @@ static enum MHD_Result serve_completion(conn *c)
     json_t *resp = api_job_response(c->job);
     end_job(c);
     idle_again(c);
+    blade_test_aid_hold("BLADE_TEST_ANSWER_HOLD_MS", s->hold_answer_ms, "an answer before sending it");
     return respond_json(c, status, resp);
 }
 
@@ -794,6 +805,7 @@ server *server_start(const server_config *cfg, blade_error *err)
     if (!s)
         return blade_error_set(err, "out of memory"), NULL;
     s->cfg = *cfg;
+    s->hold_answer_ms = blade_test_aid_ms("BLADE_TEST_ANSWER_HOLD_MS");
     snprintf(s->role, sizeof s->role, "both");
     if (cfg->api_key) {
         s->has_key = true;
