@@ -235,6 +235,27 @@ static inline r16_x r16_token(uint32_t ktype, const void *row, int64_t n, int32_
         break;                                                                                                         \
     }
 
+/* The same for nt <= 16 (R16 tiles, whose accumulators are one vector per token). */
+#define WITH_CONST_T16(nt, CALL)                                                                                       \
+    switch (nt) {                                                                                                      \
+    case 1: CALL(1); break;                                                                                            \
+    case 2: CALL(2); break;                                                                                            \
+    case 3: CALL(3); break;                                                                                            \
+    case 4: CALL(4); break;                                                                                            \
+    case 5: CALL(5); break;                                                                                            \
+    case 6: CALL(6); break;                                                                                            \
+    case 7: CALL(7); break;                                                                                            \
+    case 8: CALL(8); break;                                                                                            \
+    case 9: CALL(9); break;                                                                                            \
+    case 10: CALL(10); break;                                                                                          \
+    case 11: CALL(11); break;                                                                                          \
+    case 12: CALL(12); break;                                                                                          \
+    case 13: CALL(13); break;                                                                                          \
+    case 14: CALL(14); break;                                                                                          \
+    case 15: CALL(15); break;                                                                                          \
+    default: CALL(16); break;                                                                                          \
+    }
+
 /* Defines the kernel `name` (a blade_matmul_kernel, ktraits.h) with the target attribute
  * TARGET, that runs driver(args..., ...) with the same arguments: one driver serves the
  * weight types (and instruction choices) it takes as its leading args (a type, a kind or

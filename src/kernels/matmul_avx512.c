@@ -281,12 +281,14 @@ BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q8_0, q32_matmul, false)
  * integer sums in 16 lanes from eight vpdpbusd whose signed side is the token's 4 bytes
  * broadcast (two chains of four, summed: integers, so the split is free), then one
  * convert, one scale product and one FMA for all 16 rows. The weight side of a block is
- * decoded once per tile of up to 8 tokens: a tile of 16 held 8 weight vectors and 16
- * accumulators with their chains in flight and ran a 16-token product 1.6x slower than
- * two tiles of 8 (one thread, Q8_0 from memory: 12.6 against 7.9 ms for 8 matrices of
- * 5632 x 2048). */
+ * decoded once per tile of up to 16 tokens for Q8_0 and 8 for Q4_0, whose weight side
+ * costs more registers (eight nibble vectors unpacked from four loads): whole binaries
+ * taking turns on the TinyLlama shape, 2 threads, measured Q4_0 with tiles of 8 against 16
+ * at pp512 1.33-1.35x and 16 sequences' decode 1.27-1.32x, while Q8_0 decoded 9 sequences
+ * 0.76-0.82x as fast with tiles of 8 and the same elsewhere (MEASURED.md, stop 30). */
 
-#define R16_TILE_T 8
+#define R16_TILE_T 16
+#define R16_Q4_TILE_T 8
 /* Tokens whose activations stay in L2 while every row group of the range passes over
  * them (64 rows of 5632 are about 400 KiB). */
 #define R16_TOKEN_CHUNK 64
@@ -594,7 +596,7 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_
 {
     bool k4 = ktype == BLADE_KTYPE_Q4_K_R16, k6 = ktype == BLADE_KTYPE_Q6_K_R16;
     int64_t nb = n / r16_block_elems(ktype), per_token = r16_side_per_token(ktype, n);
-    int64_t tile = k4 ? K16_TILE_T : k6 ? K6_TILE_T : R16_TILE_T;
+    int64_t tile = k4 ? K16_TILE_T : k6 ? K6_TILE_T : ktype == BLADE_KTYPE_Q4_0_R16 ? R16_Q4_TILE_T : R16_TILE_T;
     int64_t chunk = n_tok < R16_TOKEN_CHUNK ? n_tok : R16_TOKEN_CHUNK;
     /* small calls (one token, short rows) are common in decode: no allocation for them */
     int32_t local[R16_LOCAL_SIDE];
@@ -623,7 +625,7 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_
                 } else if (k6) {
                     WITH_CONST_T(nt, K6_TILE_T, K6_TILE)
                 } else {
-                    WITH_CONST_T(nt, R16_TILE_T, R16_TILE)
+                    WITH_CONST_T16(nt, R16_TILE)
                 }
 #undef K16_TILE
 #undef K6_TILE
