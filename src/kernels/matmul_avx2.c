@@ -265,10 +265,11 @@ TGT INLINE void r16_lone(bool q4, const uint8_t *blk, const int8_t *xq, float xd
 
 /* Half h0 of one group against T tokens, or with NH = 2 a lone token against both halves;
  * end: the weight stream's end when this pass pulls the group from memory (it hints the
- * stream ahead), NULL when the group is in cache. The side's start is the Q4_0 offset term
+ * stream ahead), NULL when the group is in cache; stream: end is set, a constant at every
+ * call (R16_TILE), so the hot loop carries no test of it. The side's start is the Q4_0 offset term
  * (Q8_0 takes none here, its products are signed). */
 TGT INLINE void r16_tile(bool q4, int T, int NH, const uint8_t *group, int h0, int64_t nb, const r16_x *xa, float *Y,
-                         int64_t ldy, const uint8_t *end)
+                         int64_t ldy, const uint8_t *end, bool stream)
 {
     size_t bb = r16_block_bytes(q4 ? BLADE_KTYPE_Q4_0_R16 : BLADE_KTYPE_Q8_0_R16);
     __m256 acc[2][R16_TILE_T];
@@ -276,7 +277,7 @@ TGT INLINE void r16_tile(bool q4, int T, int NH, const uint8_t *group, int h0, i
         for (int t = 0; t < T; t++)
             acc[k][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        if (end) {
+        if (stream) {
             prefetch_stream(group + b * bb, bb);
             touch_stream(group + b * bb, bb, end);
         }
@@ -422,7 +423,7 @@ TGT INLINE void k16_lone(const uint8_t *blk, const uint8_t sc[128], const uint8_
 
 /* Half h0 of one group against T tokens, or with NH = 2 a lone token against both halves. */
 TGT INLINE void k16_tile(int T, int NH, const uint8_t *group, int h0, int64_t nsb, const r16_x *xa, float *Y,
-                         int64_t ldy, const uint8_t *end)
+                         int64_t ldy, const uint8_t *end, bool stream)
 {
     __m256 acc[2][R16_TILE_T];
     for (int k = 0; k < NH; k++)
@@ -437,7 +438,7 @@ TGT INLINE void k16_tile(int T, int NH, const uint8_t *group, int h0, int64_t ns
             touch_stream(blk, R16_K_BYTES, end);
             k16_lone(blk, sc, m, b, xa, acc);
         } else {
-            if (end) {
+            if (stream) {
                 prefetch_stream(blk, R16_K_BYTES);
                 touch_stream(blk, R16_K_BYTES, end);
             }
@@ -544,7 +545,7 @@ TGT INLINE void k6_lone(bool gfni, const uint8_t *blk, int64_t b, const r16_x *x
 
 /* Half h0 of one group against T tokens, or with NH = 2 a lone token against both halves. */
 TGT INLINE void k6_tile(bool gfni, int T, int NH, const uint8_t *group, int h0, int64_t nsb, const r16_x *xa, float *Y,
-                        int64_t ldy, const uint8_t *end)
+                        int64_t ldy, const uint8_t *end, bool stream)
 {
     __m256 acc[2][R16_TILE_T];
     for (int k = 0; k < NH; k++)
@@ -557,7 +558,7 @@ TGT INLINE void k6_tile(bool gfni, int T, int NH, const uint8_t *group, int h0, 
             touch_stream(blk, R16_K6_BYTES, end);
             k6_lone(gfni, blk, b, xa, acc);
         } else {
-            if (end) {
+            if (stream) {
                 prefetch_stream(blk, R16_K6_BYTES);
                 touch_stream(blk, R16_K6_BYTES, end);
             }
@@ -598,14 +599,22 @@ TGT INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_st
                      * share cache lines) and takes the stream's hints; later passes find
                      * it in cache. */
                     const uint8_t *hint = h == 0 && t == c ? end : NULL;
-#define R16_TILE(T, NH)                                                                                         \
+#define R16_PASS(T, NH, H, S)                                                                                   \
     do {                                                                                                       \
         if (k4)                                                                                                \
-            k16_tile(T, NH, group, h, nb, xa + (t - c), y, ldy, hint);                                         \
+            k16_tile(T, NH, group, h, nb, xa + (t - c), y, ldy, H, S);                                         \
         else if (k6)                                                                                           \
-            k6_tile(gfni, T, NH, group, h, nb, xa + (t - c), y, ldy, hint);                                    \
+            k6_tile(gfni, T, NH, group, h, nb, xa + (t - c), y, ldy, H, S);                                    \
         else                                                                                                   \
-            r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, NH, group, h, nb, xa + (t - c), y, ldy, hint);          \
+            r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, NH, group, h, nb, xa + (t - c), y, ldy, H, S);          \
+    } while (0)
+/* stream a compile-time constant in each instance, so no hot loop tests it */
+#define R16_TILE(T, NH)                                                                                         \
+    do {                                                                                                       \
+        if (hint)                                                                                              \
+            R16_PASS(T, NH, hint, true);                                                                       \
+        else                                                                                                   \
+            R16_PASS(T, NH, NULL, false);                                                                      \
     } while (0)
 #define R16_HALF(T) R16_TILE(T, 1)
                     if (lone) {
@@ -614,6 +623,7 @@ TGT INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_st
                         WITH_CONST_T(nt, R16_TILE_T, R16_HALF)
                     }
 #undef R16_TILE
+#undef R16_PASS
 #undef R16_HALF
                 }
         }

@@ -356,19 +356,13 @@ TGT_Q INLINE __m512 r16_step(const r16_w *w, bool hi16, const int8_t *xq, float 
     return _mm512_fmadd_ps(sum, _mm512_mul_ps(w->d, _mm512_set1_ps(xd)), acc);
 }
 
-/* One group of 16 rows against T tokens; end: where the weight stream ends when this
- * tile is the one that pulls the group from memory (it then takes the stream's hints),
- * NULL when the group is already in cache. */
-TGT_Q INLINE void r16_tile(bool q4, int T, const uint8_t *group, int64_t nb, const r16_x *x, float *Y, int64_t ldy,
-                          const uint8_t *end)
+TGT_Q INLINE void r16_blocks(bool q4, int T, bool stream, const uint8_t *group, int64_t nb, const r16_x *x,
+                            const uint8_t *end, __m512 *acc)
 {
     size_t bb = r16_block_bytes(q4 ? BLADE_KTYPE_Q4_0_R16 : BLADE_KTYPE_Q8_0_R16);
-    __m512 acc[R16_TILE_T];
-    for (int t = 0; t < T; t++)
-        acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         r16_w w;
-        if (end) {
+        if (stream) {
             prefetch_stream(group + b * bb, bb);
             touch_stream(group + b * bb, bb, end);
         }
@@ -376,6 +370,22 @@ TGT_Q INLINE void r16_tile(bool q4, int T, const uint8_t *group, int64_t nb, con
         for (int t = 0; t < T; t++)
             acc[t] = r16_step(&w, q4 && T == 1, x[t].q + QK8_0 * b, x[t].d[b], x[t].side[b], acc[t]);
     }
+}
+
+/* One group of 16 rows against T tokens; end: where the weight stream ends when this
+ * tile is the one that pulls the group from memory (it then takes the stream's hints),
+ * NULL when the group is already in cache. */
+TGT_Q INLINE void r16_tile(bool q4, int T, const uint8_t *group, int64_t nb, const r16_x *x, float *Y, int64_t ldy,
+                          const uint8_t *end)
+{
+    __m512 acc[R16_TILE_T];
+    for (int t = 0; t < T; t++)
+        acc[t] = _mm512_setzero_ps();
+    /* two loops, not a test in one: the streaming loop is the decode path's hot loop */
+    if (end)
+        r16_blocks(q4, T, true, group, nb, x, end, acc);
+    else
+        r16_blocks(q4, T, false, group, nb, x, NULL, acc);
     for (int t = 0; t < T; t++)
         _mm512_storeu_ps(Y + t * ldy, acc[t]);
 }
@@ -429,7 +439,7 @@ TGT_Q INLINE __m512i k16_sub(const __m512i w[8], const int8_t *xq, __m512i sc)
 }
 
 TGT_Q INLINE void k16_tile(int T, const uint8_t *group, int64_t nsb, const r16_x *x, float *Y, int64_t ldy,
-                          const uint8_t *end)
+                          const uint8_t *end, bool stream)
 {
     const __m512i lo4 = _mm512_set1_epi8(0x0F), hi4 = _mm512_set1_epi8((char)0xF0);
     __m512 acc[K16_TILE_T];
@@ -437,7 +447,7 @@ TGT_Q INLINE void k16_tile(int T, const uint8_t *group, int64_t nsb, const r16_x
         acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = group + b * R16_K_BYTES;
-        if (end) {
+        if (stream) {
             prefetch_stream(blk, R16_K_BYTES);
             touch_stream_lines(blk, R16_K_BYTES, end, K_TOUCH_LINES);
         }
@@ -549,14 +559,14 @@ TGT_Q INLINE __m512i k6_sub(const __m512i w[4], const int8_t *xq, int32_t start,
 }
 
 TGT_Q INLINE void k6_tile(bool gfni, int T, const uint8_t *group, int64_t nsb, const r16_x *x, float *Y, int64_t ldy,
-                         const uint8_t *end)
+                         const uint8_t *end, bool stream)
 {
     __m512 acc[K6_TILE_T];
     for (int t = 0; t < T; t++)
         acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = group + b * R16_K6_BYTES;
-        if (end) {
+        if (stream) {
             prefetch_stream(blk, R16_K6_BYTES);
             touch_stream_lines(blk, R16_K6_BYTES, end, K_TOUCH_LINES);
         }
@@ -617,8 +627,11 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_
                  * speculative verify or a chunk of prefill alike stream it once, and that
                  * stream wants the hints of stream_ahead.h. Later tiles find it in cache. */
                 const uint8_t *hint = t == c ? end : NULL;
-#define K16_TILE(T) k16_tile(T, group, nb, xt, y, ldy, hint)
-#define K6_TILE(T) k6_tile(gfni, T, group, nb, xt, y, ldy, hint)
+/* the K-quant tiles take `stream` (hint is set) as a constant for the same reason as
+ * r16_tile's two loops */
+#define K16_TILE(T) (hint ? k16_tile(T, group, nb, xt, y, ldy, hint, true) : k16_tile(T, group, nb, xt, y, ldy, NULL, false))
+#define K6_TILE(T)                                                                                             \
+    (hint ? k6_tile(gfni, T, group, nb, xt, y, ldy, hint, true) : k6_tile(gfni, T, group, nb, xt, y, ldy, NULL, false))
 #define R16_TILE(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, group, nb, xt, y, ldy, hint)
                 if (k4) {
                     WITH_CONST_T(nt, K16_TILE_T, K16_TILE)
