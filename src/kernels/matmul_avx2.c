@@ -266,8 +266,8 @@ TGT INLINE void r16_lone(bool q4, const uint8_t *blk, const int8_t *xq, float xd
 /* Half h0 of one group against T tokens, or with NH = 2 a lone token against both halves;
  * end: the weight stream's end when this pass pulls the group from memory (it hints the
  * stream ahead), NULL when the group is in cache; stream: end is set, a constant at every
- * call (R16_TILE), so the hot loop carries no test of it. The side's start is the Q4_0 offset term
- * (Q8_0 takes none here, its products are signed). */
+ * call (R16_TILE), so the hot loop carries no test of it. The side's start is the Q4_0
+ * offset term (Q8_0 takes none here, its products are signed). */
 TGT INLINE void r16_tile(bool q4, int T, int NH, const uint8_t *group, int h0, int64_t nb, const r16_x *xa, float *Y,
                          int64_t ldy, const uint8_t *end, bool stream)
 {
