@@ -143,13 +143,14 @@ typedef struct mode_result {
     double decode_s;     /* single stream: time from first to last token, summed */
     int64_t decode_tokens; /* tokens after the first, summed */
     blade_engine_stats single; /* statistics after the single-stream runs */
-    double multi_s;
+    double multi_s;            /* concurrent streams: wall time of each round, summed */
     int64_t multi_tokens;
+    blade_engine_stats multi;  /* statistics after the concurrent rounds */
 } mode_result;
 
 typedef struct bench_spec_options {
     const char *model, *text;
-    long long n_prompts, prompt_len, n_gen, n_streams, reps;
+    long long n_prompts, prompt_len, n_gen, n_streams, rounds, reps;
     cli_engine_options engine;
 } bench_spec_options;
 
@@ -161,6 +162,7 @@ static void bench_spec_init(void *opts)
     o->prompt_len = 32;
     o->n_gen = 128;
     o->n_streams = 16;
+    o->rounds = 3;
     o->reps = 7;
     cli_engine_options_init(&o->engine);
     o->engine.kv_mem = (cli_size){.bytes = (size_t)256 << 20};
@@ -180,6 +182,8 @@ static const cli_flag bench_spec_flags[] = {
      .help = "tokens generated per prompt"},
     {.name = "streams", .kind = CLI_INT, CLI_AT(O, n_streams), .min = 0, .max = 1024, .metavar = "N",
      .help = "concurrent streams of the load test; 0: none"},
+    {.name = "rounds", .kind = CLI_INT, CLI_AT(O, rounds), .min = 1, .max = 1000, .metavar = "N",
+     .help = "rounds of the load test, each running every configuration once, in turn"},
     {.name = "reps", .kind = CLI_INT, CLI_AT(O, reps), .min = 1, .max = 1000, .metavar = "N",
      .help = "repetitions of each verify-curve point"},
     {0},
@@ -213,7 +217,7 @@ static int bench_spec_main(int argc, char **argv)
     cli_engine_options eo = o.engine;
     const char *model_path = o.model ? o.model : cli_default_model(), *text_path = o.text;
     long long n_prompts = o.n_prompts, prompt_len = o.prompt_len, n_gen = o.n_gen, n_streams = o.n_streams,
-              reps = o.reps;
+              rounds = o.rounds, reps = o.reps;
     if (!model_path)
         return cli_usage_error(&cli_cmd_bench_spec, "no model given (-m FILE)");
     rc = 1;
@@ -294,27 +298,33 @@ static int bench_spec_main(int argc, char **argv)
     for (int i = 0; i < n_modes; i++)
         blade_engine_stats_get(modes[i].e, &modes[i].single);
     if (n_streams > 0) {
-        printf("%lld concurrent streams\n", n_streams);
+        printf("%lld concurrent streams, %lld rounds\n", n_streams, rounds);
         fflush(stdout);
         streams = calloc((size_t)n_streams, sizeof *streams);
         if (!streams)
             goto out;
-        for (int i = 0; i < n_modes; i++) {
-            double t0 = cli_now();
-            for (long long s = 0; s < n_streams; s++)
-                if (submit(modes[i].e, prompts + (s % n_prompts) * prompt_len, (int32_t)prompt_len, (int32_t)n_gen,
-                           &streams[s]))
-                    goto out;
-            wait_all(streams, (int)n_streams);
-            modes[i].multi_s = cli_now() - t0;
-            for (long long s = 0; s < n_streams; s++)
-                modes[i].multi_tokens += streams[s].n_out;
-        }
+        /* each round runs every configuration once, starting one further along, so a slow
+         * spell of a shared machine falls on all of them alike */
+        for (long long round = 0; round < rounds; round++)
+            for (int turn = 0; turn < n_modes; turn++) {
+                mode_result *mr = &modes[(turn + round) % n_modes];
+                double t0 = cli_now();
+                for (long long s = 0; s < n_streams; s++)
+                    if (submit(mr->e, prompts + (s % n_prompts) * prompt_len, (int32_t)prompt_len, (int32_t)n_gen,
+                               &streams[s]))
+                        goto out;
+                wait_all(streams, (int)n_streams);
+                mr->multi_s += cli_now() - t0;
+                for (long long s = 0; s < n_streams; s++)
+                    mr->multi_tokens += streams[s].n_out;
+            }
+        for (int i = 0; i < n_modes; i++)
+            blade_engine_stats_get(modes[i].e, &modes[i].multi);
     }
     printf("\n| drafter | decode tok/s (1 stream) | vs plain | acceptance | mean accepted length | mean k |");
     if (n_streams > 0)
-        printf(" %lld streams tok/s | vs plain |", n_streams);
-    printf("\n|---|---|---|---|---|---|%s\n", n_streams > 0 ? "---|---|" : "");
+        printf(" %lld streams tok/s | vs plain | drafts per token |", n_streams);
+    printf("\n|---|---|---|---|---|---|%s\n", n_streams > 0 ? "---|---|---|" : "");
     double base1 = modes[0].decode_tokens / modes[0].decode_s, baseN = modes[0].multi_tokens / (modes[0].multi_s + 1e-12);
     for (int i = 0; i < n_modes; i++) {
         const blade_engine_stats *st = &modes[i].single;
@@ -328,7 +338,9 @@ static int bench_spec_main(int argc, char **argv)
             printf(" - | 1 | 0 |");
         if (n_streams > 0) {
             double agg = modes[i].multi_tokens / modes[i].multi_s;
-            printf(" %.1f | %.2fx |", agg, agg / baseN);
+            /* how far speculation backed off under load */
+            uint64_t drafts = modes[i].multi.spec_draft_tokens - modes[i].single.spec_draft_tokens;
+            printf(" %.1f | %.2fx | %.2f |", agg, agg / baseN, (double)drafts / (double)modes[i].multi_tokens);
         }
         printf("\n");
     }
