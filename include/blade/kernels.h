@@ -118,6 +118,17 @@ size_t blade_matmul_row_bytes(uint32_t type, int64_t n);
 /* Row r of a matrix of any kernel type as floats, exactly as the type's to_float gives it. */
 void blade_matmul_row_to_float(uint32_t type, const void *W, int64_t n, int64_t r, float *out);
 
+/* A caller that multiplies one input in many calls (the runner's threads each take row
+ * pieces of several weights that read the same activations) may hold the input: between
+ * blade_matmul_input_hold and blade_matmul_input_release on one thread it promises that the
+ * bytes of every X it passes stay as they are, and the kernels keep what they derive from X
+ * (the R16 tiles' token layout) in `scratch` instead of redoing it in every call. Without a
+ * hold, or with too small a scratch, every call derives its own: the results are the same
+ * bits either way. */
+size_t blade_matmul_input_scratch_bytes(int64_t n_max, int64_t n_tok_max);
+void blade_matmul_input_hold(void *scratch, size_t bytes);
+void blade_matmul_input_release(void);
+
 /* ---- thread pool ---- */
 
 typedef struct blade_threadpool blade_threadpool;

@@ -154,6 +154,28 @@ static inline void r16_k_unpack(const uint8_t *blk, uint8_t sc[128], uint8_t m[1
     }
 }
 
+/* What the kernels derived from a held input (blade_matmul_input_hold), on this thread. */
+typedef struct input_memo {
+    void *scratch;
+    size_t bytes;
+    bool held, filled;
+    /* the call it was derived for */
+    const void *x;
+    size_t x_stride;
+    int64_t n, n_tok;
+    uint32_t ktype;
+} input_memo;
+
+extern _Thread_local input_memo blade_input_memo;
+
+/* Tokens whose activations stay in L2 while every row group of the range passes over
+ * them (64 rows of 5632 are about 400 KiB). */
+#define R16_TOKEN_CHUNK 64
+
+/* A token's 32-block as the AVX-512 Q4_0/Q8_0 R16 tiles read it (kernels.c sizes the
+ * scratch from it). */
+#define R16_XB_BYTES 40
+
 /* A token's side of an R16 product: its quants and block scales from the converted row,
  * and per block the integers the kernels add. Q4_0/Q8_0: one per 32-block, r16_start;
  * Q4_K: four per super-block, the activation sums of sub-blocks 2i and 2i+1 as the low and

@@ -53,3 +53,21 @@ void blade_matmul(uint32_t weight_type, const void *W, size_t w_stride, const vo
     }
     fn(W, w_stride, X, x_stride, n, Y, ldy, n_tok, r0, r1);
 }
+
+_Thread_local input_memo blade_input_memo;
+
+size_t blade_matmul_input_scratch_bytes(int64_t n_max, int64_t n_tok_max)
+{
+    int64_t tokens = n_tok_max < R16_TOKEN_CHUNK ? n_tok_max : R16_TOKEN_CHUNK;
+    return (size_t)((n_max + QK8_0 - 1) / QK8_0) * (size_t)tokens * R16_XB_BYTES;
+}
+
+void blade_matmul_input_hold(void *scratch, size_t bytes)
+{
+    blade_input_memo = (input_memo){.scratch = scratch, .bytes = bytes, .held = true};
+}
+
+void blade_matmul_input_release(void)
+{
+    blade_input_memo = (input_memo){0};
+}

@@ -289,15 +289,52 @@ BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q8_0, q32_matmul, false)
 
 #define R16_TILE_T 16
 #define R16_Q4_TILE_T 8
-/* Tokens whose activations stay in L2 while every row group of the range passes over
- * them (64 rows of 5632 are about 400 KiB). */
-#define R16_TOKEN_CHUNK 64
 #define R16_LOCAL_SIDE 2048
+/* Q8_0 reads the tile layout (r16_xb) from two tokens on, Q4_0 from five: with fewer,
+ * Q4_0's tokens read straight from their rows measured cheaper (verify steps of 2-4 tokens
+ * 1.09-1.50x a token's step against 1.19-1.73x through the layout), from five on the
+ * layout (1.30-1.36x against 1.79-2.13x; MEASURED.md). */
+#define R16_Q4_TILED_MIN 5
 
 typedef struct r16_w {
     __m512i q[8];
     __m512 d;
 } r16_w;
+
+/* A token's block as the Q4_0/Q8_0 tiles of several tokens read it: quants, scale and
+ * start side by side, the tile's tokens next to each other block by block, so that one
+ * pointer walks the tile. With a pointer per token into its converted row and its side
+ * array, the compiler ran out of general registers from three tokens on, moved pointers
+ * through vector registers and read each weight vector again for every token: a Q8_0
+ * verify step of three tokens cost 1.56-1.72x a one-token step, four 1.78-1.92x (through
+ * this layout 1.00-1.23x and 1.12-1.24x; MEASURED.md). The layout is made once per held
+ * input (blade_matmul_input_hold), not in each of the many row pieces a step's threads
+ * take: made per piece, it cost a two-token step 1.4x. */
+typedef struct r16_xb {
+    int8_t q[QK8_0];
+    float d;
+    int32_t start;
+} r16_xb;
+_Static_assert(sizeof(r16_xb) == R16_XB_BYTES, "r16_xb is what the input scratch is sized by");
+
+/* Tokens c..c1-1 of X into xb, tile by tile (each full but the last), block by block,
+ * token by token. */
+TGT_F INLINE void r16_pack(uint32_t ktype, const void *X, size_t x_stride, int64_t n, int64_t c, int64_t c1, int64_t tile,
+                           r16_xb *xb)
+{
+    for (int64_t t0 = c; t0 < c1; t0 += tile) {
+        int64_t nt = c1 - t0 < tile ? c1 - t0 : tile;
+        for (int64_t tt = 0; tt < nt; tt++) {
+            act_q8_view a = act_q8_at((const uint8_t *)X + (t0 + tt) * (int64_t)x_stride, n);
+            r16_xb *o = xb + (t0 - c) * (n / QK8_0) + tt;
+            for (int64_t b = 0; b < n / QK8_0; b++, o += nt) {
+                _mm256_storeu_si256((__m256i *)o->q, _mm256_loadu_si256((const __m256i *)(a.q + QK8_0 * b)));
+                o->d = a.d[b];
+                o->start = r16_start(ktype, a.sum[b]);
+            }
+        }
+    }
+}
 
 /* Q4_0's high nibbles are either shifted down here (hi16 false) or kept in place as 16
  * times their value (hi16 true), which saves the shift of every chunk at the price of one
@@ -356,8 +393,10 @@ TGT_Q INLINE __m512 r16_step(const r16_w *w, bool hi16, const int8_t *xq, float 
     return _mm512_fmadd_ps(sum, _mm512_mul_ps(w->d, _mm512_set1_ps(xd)), acc);
 }
 
-TGT_Q INLINE void r16_blocks(bool q4, int T, bool stream, const uint8_t *group, int64_t nb, const r16_x *x,
-                            const uint8_t *end, __m512 *acc)
+/* T tokens from the tile layout x, or with direct (a constant, as stream) one token
+ * straight from its row. */
+TGT_Q INLINE void r16_blocks(bool q4, int T, bool stream, bool direct, const uint8_t *group, int64_t nb,
+                            const r16_xb *x, const r16_x *one, const uint8_t *end, __m512 *acc)
 {
     size_t bb = r16_block_bytes(q4 ? BLADE_KTYPE_Q4_0_R16 : BLADE_KTYPE_Q8_0_R16);
     for (int64_t b = 0; b < nb; b++) {
@@ -367,16 +406,22 @@ TGT_Q INLINE void r16_blocks(bool q4, int T, bool stream, const uint8_t *group, 
             touch_stream(group + b * bb, bb, end);
         }
         r16_load(q4, q4 && T == 1, group + b * bb, &w);
+        if (direct) {
+            for (int t = 0; t < T; t++)
+                acc[t] = r16_step(&w, q4 && T == 1, one[t].q + QK8_0 * b, one[t].d[b], one[t].side[b], acc[t]);
+            continue;
+        }
+        const r16_xb *xb = x + b * T;
         for (int t = 0; t < T; t++)
-            acc[t] = r16_step(&w, q4 && T == 1, x[t].q + QK8_0 * b, x[t].d[b], x[t].side[b], acc[t]);
+            acc[t] = r16_step(&w, q4 && T == 1, xb[t].q, xb[t].d, xb[t].start, acc[t]);
     }
 }
 
 /* One group of 16 rows against T tokens; end: where the weight stream ends when this
  * tile is the one that pulls the group from memory (it then takes the stream's hints),
  * NULL when the group is already in cache. */
-TGT_Q INLINE void r16_tile(bool q4, int T, const uint8_t *group, int64_t nb, const r16_x *x, float *Y, int64_t ldy,
-                          const uint8_t *end)
+TGT_Q INLINE void r16_tile(bool q4, int T, bool direct, const uint8_t *group, int64_t nb, const r16_xb *x,
+                          const r16_x *one, float *Y, int64_t ldy, const uint8_t *end)
 {
     __m512 acc[R16_TILE_T];
     for (int t = 0; t < T; t++)
@@ -384,9 +429,9 @@ TGT_Q INLINE void r16_tile(bool q4, int T, const uint8_t *group, int64_t nb, con
     /* two loops, not a test in one: the streaming loop is the decode path's hot loop, and
      * a test of `end` inside it cost Q4_0's four-sequence decode 0.86x */
     if (end)
-        r16_blocks(q4, T, true, group, nb, x, end, acc);
+        r16_blocks(q4, T, true, direct, group, nb, x, one, end, acc);
     else
-        r16_blocks(q4, T, false, group, nb, x, NULL, acc);
+        r16_blocks(q4, T, false, direct, group, nb, x, one, NULL, acc);
     for (int t = 0; t < T; t++)
         _mm512_storeu_ps(Y + t * ldy, acc[t]);
 }
@@ -613,11 +658,25 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_
     int32_t local[R16_LOCAL_SIDE];
     int32_t *side = chunk * per_token <= R16_LOCAL_SIDE ? local : pack_alloc(sizeof(int32_t) * (size_t)(chunk * per_token));
     r16_x x[R16_TOKEN_CHUNK];
+    /* Q4_0/Q8_0 with several tokens: the tile layout, made once per held input when its
+     * scratch holds it */
+    input_memo *memo = &blade_input_memo;
+    bool tiled = !k4 && !k6 && n_tok >= (ktype == BLADE_KTYPE_Q4_0_R16 ? R16_Q4_TILED_MIN : 2);
+    bool keep = tiled && memo->held && n_tok <= R16_TOKEN_CHUNK && (size_t)(chunk * nb) * sizeof(r16_xb) <= memo->bytes;
+    r16_xb *xb = !tiled ? NULL : keep ? memo->scratch : pack_alloc(sizeof(r16_xb) * (size_t)(chunk * nb));
+    bool kept = keep && memo->filled && memo->x == X && memo->x_stride == x_stride && memo->n == n &&
+                memo->n_tok == n_tok && memo->ktype == ktype;
+    if (keep && !kept)
+        *memo = (input_memo){.scratch = memo->scratch, .bytes = memo->bytes, .held = true, .filled = true,
+                             .x = X, .x_stride = x_stride, .n = n, .n_tok = n_tok, .ktype = ktype};
     const uint8_t *end = (const uint8_t *)W + r1 * (int64_t)w_stride;
     for (int64_t c = 0; c < n_tok; c += R16_TOKEN_CHUNK) {
         int64_t c1 = c + R16_TOKEN_CHUNK < n_tok ? c + R16_TOKEN_CHUNK : n_tok;
-        for (int64_t t = c; t < c1; t++)
-            x[t - c] = r16_token(ktype, (const uint8_t *)X + t * (int64_t)x_stride, n, side + (t - c) * per_token);
+        if (tiled && !kept)
+            r16_pack(ktype, X, x_stride, n, c, c1, tile, xb);
+        else if (!tiled)
+            for (int64_t t = c; t < c1; t++)
+                x[t - c] = r16_token(ktype, (const uint8_t *)X + t * (int64_t)x_stride, n, side + (t - c) * per_token);
         for (int64_t g = r0; g < r1; g += BLADE_R16_ROWS) {
             const uint8_t *group = (const uint8_t *)W + g * (int64_t)w_stride;
             for (int64_t t = c; t < c1; t += tile) {
@@ -633,22 +692,28 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_
 #define K16_TILE(T) (hint ? k16_tile(T, group, nb, xt, y, ldy, hint, true) : k16_tile(T, group, nb, xt, y, ldy, NULL, false))
 #define K6_TILE(T)                                                                                             \
     (hint ? k6_tile(gfni, T, group, nb, xt, y, ldy, hint, true) : k6_tile(gfni, T, group, nb, xt, y, ldy, NULL, false))
-#define R16_TILE(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, group, nb, xt, y, ldy, hint)
+#define R16_DIRECT(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, true, group, nb, NULL, xt, y, ldy, hint)
+#define R16_TILE(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, false, group, nb, xb + (t - c) * nb, NULL, y, ldy, hint)
                 if (k4) {
                     WITH_CONST_T(nt, K16_TILE_T, K16_TILE)
                 } else if (k6) {
                     WITH_CONST_T(nt, K6_TILE_T, K6_TILE)
-                } else {
+                } else if (tiled) {
                     WITH_CONST_T16(nt, R16_TILE)
+                } else {
+                    WITH_CONST_T(nt, R16_Q4_TILED_MIN - 1, R16_DIRECT)
                 }
 #undef K16_TILE
 #undef K6_TILE
 #undef R16_TILE
+#undef R16_DIRECT
             }
         }
     }
     if (side != local)
         free(side);
+    if (tiled && !keep)
+        free(xb);
 }
 
 BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q4_0_r16, r16_matmul, BLADE_KTYPE_Q4_0_R16, false)

@@ -34,6 +34,8 @@ struct blade_runner {
     float *rope;         /* [T][n_rot]: cos then sin of each batch token's n_rot / 2 angles */
     uint8_t *attn_scratch; /* attention working space per pool thread */
     size_t attn_scratch_bytes;
+    uint8_t *input_scratch; /* per pool thread, for blade_matmul_input_hold */
+    size_t input_scratch_bytes;
     float *x;      /* [T][n_embd] residual stream */
     float *delta;  /* [T][n_embd] output of attention or FFN, added to x */
     void *act;     /* [T] converted activation rows */
@@ -138,6 +140,8 @@ blade_runner *blade_runner_new(const blade_model *m, blade_kv_store *kv, blade_t
     r->rope = alloc_array(T * (size_t)hp->n_rot, sizeof(float), &ok);
     r->attn_scratch_bytes = (blade_attention_scratch_bytes(kv, max_batch_tokens, hp->n_head) + 63) / 64 * 64;
     r->attn_scratch = alloc_array((size_t)blade_threadpool_size(pool), r->attn_scratch_bytes, &ok);
+    r->input_scratch_bytes = (blade_matmul_input_scratch_bytes(r->widest, max_batch_tokens) + 63) / 64 * 64;
+    r->input_scratch = alloc_array((size_t)blade_threadpool_size(pool), r->input_scratch_bytes, &ok);
     r->x = alloc_array(T * hp->n_embd, sizeof(float), &ok);
     r->delta = alloc_array(T * hp->n_embd, sizeof(float), &ok);
     r->act = alloc_array(T, r->act_stride, &ok);
@@ -173,6 +177,7 @@ void blade_runner_free(blade_runner *r)
     free(r->norm_scratch);
     free(r->rope);
     free(r->attn_scratch);
+    free(r->input_scratch);
     free(r->x);
     free(r->delta);
     free(r->act);
@@ -309,6 +314,13 @@ static void run_on_row_units(step *s, void (*task)(void *ctx, int ith, int nth),
     blade_threadpool_run(s->r->pool, task, s);
 }
 
+/* The step's converted activations stay as they are while a thread takes its row pieces,
+ * so the kernels may keep what they derive from them across the pieces. */
+static void hold_input(blade_runner *r, int ith)
+{
+    blade_matmul_input_hold(r->input_scratch + (size_t)ith * r->input_scratch_bytes, r->input_scratch_bytes);
+}
+
 /* Y = X W^T for up to three weights sharing one input: their row units, one after the
  * other, are the run's work share. */
 static void task_matmul(void *ctx, int ith, int nth)
@@ -316,6 +328,7 @@ static void task_matmul(void *ctx, int ith, int nth)
     (void)nth;
     step *s = ctx;
     int64_t ub, ue;
+    hold_input(s->r, ith);
     while (blade_work_share_next(s->r->rows_share, ith, &ub, &ue)) {
         int64_t first = 0;
         for (int i = 0; i < s->n_w && ub < ue; i++) {
@@ -331,6 +344,7 @@ static void task_matmul(void *ctx, int ith, int nth)
             first += n;
         }
     }
+    blade_matmul_input_release();
 }
 
 static void run_matmul(step *s, int n, const blade_weight *w0, float *y0, const blade_weight *w1, float *y1,
@@ -455,6 +469,7 @@ static void task_gate_up(void *ctx, int ith, int nth)
     const blade_weight *gu = &r->m->layers[s->layer].ffn_gate_up;
     const int64_t G = BLADE_GATE_UP_GROUP, n_ff = r->m->hp.n_ff;
     int64_t pb, pe;
+    hold_input(r, ith);
     while (blade_work_share_next(r->rows_share, ith, &pb, &pe)) {
         blade_matmul(gu->type, gu->data, weight_stride(gu), r->act, r->act_stride, gu->n_in, r->up, gu->n_out,
                      s->n_tokens, 2 * G * pb, 2 * G * pe);
@@ -463,6 +478,7 @@ static void task_gate_up(void *ctx, int ith, int nth)
             blade_swiglu(y, y + G, r->ffn + t * n_ff + G * pb, pe - pb, G, 2 * G);
         }
     }
+    blade_matmul_input_release();
 }
 
 static void task_swiglu(void *ctx, int ith, int nth)
