@@ -91,6 +91,12 @@ blade_model *blade_model_load(const char *path, blade_error *err);
 blade_model *blade_model_from_gguf(gguf_file *f, blade_error *err);
 void blade_model_free(blade_model *m);
 
+/* A copy of m's first n_layers layers with every projection and the classifier requantized
+ * to `type` (self-draft's lower-precision copy, spec.h); embeddings, norms, biases and the
+ * tokenizer are m's, so m must outlive it. Free it with blade_model_lowered_free. */
+blade_model *blade_model_lowered(const blade_model *m, int32_t n_layers, uint32_t type, blade_error *err);
+void blade_model_lowered_free(blade_model *m);
+
 const char *blade_arch_name(blade_arch a);
 
 /* The KV store a model with these hyperparameters needs: its layers, KV heads and head

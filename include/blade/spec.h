@@ -14,6 +14,7 @@
 
 /* Most drafts one sequence verifies in one step. */
 #define BLADE_SPEC_MAX_K 16
+#define BLADE_SPEC_SELF_OWN UINT32_MAX
 
 typedef enum blade_spec_mode {
     BLADE_SPEC_NONE = 0,
@@ -24,7 +25,8 @@ typedef enum blade_spec_mode {
      * sequences, with its own paged KV */
     BLADE_SPEC_DRAFT = 2,
     /* self-draft: the target's own first self_layers layers, then its final norm and
-     * classifier (early exit), with their own small KV; no extra weights */
+     * classifier (early exit), with their own small KV; with self_type, those layers and
+     * the classifier as a lower-precision copy made at load */
     BLADE_SPEC_SELF = 3,
 } blade_spec_mode;
 
@@ -35,7 +37,12 @@ typedef struct blade_spec_config {
     int32_t ngram_max;  /* longest (>= ngram_min) */
     const char *draft_model_path; /* BLADE_SPEC_DRAFT: the draft's GGUF, loaded by the engine */
     size_t draft_kv_mem_bytes;    /* its KV budget; 0: as many tokens as the target's KV holds */
-    int32_t self_layers;          /* BLADE_SPEC_SELF: layers the draft runs; 0: a quarter of the model's */
+    int32_t self_layers; /* BLADE_SPEC_SELF: layers the draft runs; 0: a quarter of the model's, or all of
+                          * them with a self_type */
+    /* BLADE_SPEC_SELF: BLADE_SPEC_SELF_OWN drafts with the target's own weights; a GGUF type
+     * (e.g. Q4_0) drafts with the drafting layers' projections and the classifier requantized
+     * to it at load, a copy that streams fewer bytes per drafted token */
+    uint32_t self_type;
     /* Choose each sequence's k per step (at most k) from its acceptance so far and what a
      * step of T tokens costs on this machine, backing off when the step is compute-bound
      * (default). False: always draft k (tests, benchmarks of a fixed k). */

@@ -2,7 +2,9 @@
 
 #include "cli/engine_options.h"
 
+#include "blade/kernels.h"
 #include "blade/kv_type.h"
+#include "blade/types.h"
 #include "cli/cli_util.h"
 
 #include <stdlib.h>
@@ -12,6 +14,20 @@ static const cli_choice sched_modes[] = {{"continuous", BLADE_SCHED_CONTINUOUS},
 static const cli_choice kv_allocs[] = {{"paged", false}, {"contiguous", true}, {0}};
 static const cli_choice spec_modes[] = {
     {"none", BLADE_SPEC_NONE}, {"ngram", BLADE_SPEC_NGRAM}, {"draft", BLADE_SPEC_DRAFT}, {"self", BLADE_SPEC_SELF}, {0}};
+
+/* A type blade quantizes to and multiplies with. */
+static bool parse_self_type(const cli_flag *f, const char *value, void *dest, char *why, size_t cap)
+{
+    int t = blade_type_from_name(value);
+    const blade_type_traits *tr = t >= 0 ? blade_type_traits_get((uint32_t)t) : NULL;
+    if (!tr || !tr->from_float || !blade_matmul_supported((uint32_t)t)) {
+        snprintf(why, cap, "--%s expects a weight type blade quantizes to (e.g. q4_0, q8_0, q4_k), got '%s'", f->name,
+                 value);
+        return false;
+    }
+    *(uint32_t *)dest = (uint32_t)t;
+    return true;
+}
 
 #define E cli_engine_options
 const cli_flag cli_engine_flags[] = {
@@ -44,7 +60,12 @@ const cli_flag cli_engine_flags[] = {
     {.name = "draft-kv-mem", .kind = CLI_SIZE, CLI_AT(E, cfg.spec.draft_kv_mem_bytes), .min = 1, .max = 0x1p50,
      .metavar = "SIZE", .dflt = "as many tokens as --kv-mem holds", .help = "the draft model's KV memory"},
     {.name = "self-layers", .kind = CLI_INT, CLI_AT(E, cfg.spec.self_layers), .min = 1, .max = 1 << 16,
-     .metavar = "L", .dflt = "a quarter of the layers", .help = "layers of the model that draft with --spec self"},
+     .metavar = "L", .dflt = "a quarter of the layers; all with --self-type",
+     .help = "layers of the model that draft with --spec self"},
+    {.name = "self-type", .kind = CLI_CUSTOM, CLI_AT(E, cfg.spec.self_type), .parse = parse_self_type,
+     .metavar = "TYPE", .dflt = "the model's own weights",
+     .help = "--spec self drafts with a copy of its layers and classifier requantized to TYPE at load (e.g. "
+             "q4_0): fewer bytes per drafted token"},
     {.name = "spec-k", .kind = CLI_INT, CLI_AT(E, cfg.spec.k), .min = 1, .max = BLADE_SPEC_MAX_K, .metavar = "N",
      .help = "most drafted tokens per sequence and step; each step picks fewer from each request's acceptance and "
              "the verify cost measured at start, none when the step is compute-bound"},
@@ -122,7 +143,9 @@ void cli_engine_describe(FILE *out, const cli_engine_options *o, blade_engine *e
     if (c->spec.mode == BLADE_SPEC_DRAFT)
         fprintf(out, " (k %s%d, draft %s)", c->spec.adaptive ? "<= " : "", c->spec.k, c->spec.draft_model_path);
     if (c->spec.mode == BLADE_SPEC_SELF)
-        fprintf(out, " (k %s%d, first %d layers)", c->spec.adaptive ? "<= " : "", c->spec.k, c->spec.self_layers);
+        fprintf(out, " (k %s%d, first %d layers%s%s)", c->spec.adaptive ? "<= " : "", c->spec.k, c->spec.self_layers,
+                c->spec.self_type == BLADE_SPEC_SELF_OWN ? "" : ", a copy in ",
+                c->spec.self_type == BLADE_SPEC_SELF_OWN ? "" : blade_type_traits_get(c->spec.self_type)->name);
     fprintf(out, "\n");
     fprintf(out, "KV cache: %.2f GiB of %s = %lld tokens = %lld full-context (%d-token) sequences; "
                  "step budget %d tokens, %d sequences\n",

@@ -185,8 +185,10 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
                    e->draft_owner && e->spec_probs && e->cands && e->cand_owner;
     if (scratch && e->runner && (cfg->spec.mode == BLADE_SPEC_DRAFT || cfg->spec.mode == BLADE_SPEC_SELF)) {
         bool self = cfg->spec.mode == BLADE_SPEC_SELF;
-        int32_t layers = cfg->spec.self_layers > 0 ? cfg->spec.self_layers : (m->hp.n_layer + 3) / 4;
-        e->draft = spec_draft_new(self ? NULL : cfg->spec.draft_model_path, layers, m, cfg->spec.draft_kv_mem_bytes,
+        bool own = cfg->spec.self_type == BLADE_SPEC_SELF_OWN;
+        int32_t layers = cfg->spec.self_layers > 0 ? cfg->spec.self_layers : own ? (m->hp.n_layer + 3) / 4 : m->hp.n_layer;
+        e->draft = spec_draft_new(self ? NULL : cfg->spec.draft_model_path, layers, cfg->spec.self_type, m,
+                                  cfg->spec.draft_kv_mem_bytes,
                                   (int64_t)n_blocks * cfg->block_size, cfg->block_size, cfg->kv_type, e->pool,
                                   runner_tokens, cfg->sched.max_seqs, err);
         if (!e->draft) {

@@ -15,7 +15,8 @@
 
 struct spec_draft {
     blade_model *m;
-    bool view; /* m is a view of the target's first layers (self-draft), not a model of its own */
+    bool view;    /* m is a view of the target's first layers (self-draft), not a model of its own */
+    bool lowered; /* m is a lower-precision copy of the target's first layers (self-draft) */
     blade_kv_store *store;
     blade_kv_cache *kv;
     blade_runner *runner;
@@ -51,7 +52,8 @@ int spec_draft_check_vocab(const blade_model *target, const blade_model *draft, 
     return 0;
 }
 
-spec_draft *spec_draft_new(const char *path, int32_t self_layers, const blade_model *target, size_t kv_mem_bytes,
+spec_draft *spec_draft_new(const char *path, int32_t self_layers, uint32_t self_type, const blade_model *target,
+                           size_t kv_mem_bytes,
                            int64_t target_kv_tokens, int32_t block_size, blade_kv_type kv_type,
                            blade_threadpool *pool, int32_t max_batch_tokens, int32_t max_seqs, blade_error *err)
 {
@@ -59,7 +61,21 @@ spec_draft *spec_draft_new(const char *path, int32_t self_layers, const blade_mo
     if (!d)
         return blade_error_set(err, "out of memory"), NULL;
     blade_error lerr = {{0}};
-    if (!path) {
+    if (!path && self_type != BLADE_SPEC_SELF_OWN) {
+        /* a lower-precision copy of the target's first layers and classifier: nearly the
+         * target's function for fewer bytes streamed per drafted token, so all layers may
+         * draft */
+        if (self_layers < 1 || self_layers > target->hp.n_layer) {
+            blade_error_set(err, "--self-layers must be between 1 and %d (the model has %d layers), got %d",
+                            target->hp.n_layer, target->hp.n_layer, self_layers);
+            goto fail;
+        }
+        if (!(d->m = blade_model_lowered(target, self_layers, self_type, &lerr))) {
+            blade_error_set(err, "self-draft copy: %s", lerr.msg);
+            goto fail;
+        }
+        d->lowered = true;
+    } else if (!path) {
         /* early exit: the target's first layers, then its final norm and classifier; the
          * weights are the target's, so the view costs no memory but its KV */
         if (self_layers < 1 || self_layers >= target->hp.n_layer) {
@@ -125,6 +141,8 @@ void spec_draft_free(spec_draft *d)
     blade_kv_store_free(d->store);
     if (d->view)
         free(d->m);
+    else if (d->lowered)
+        blade_model_lowered_free(d->m);
     else
         blade_model_free(d->m);
     free(d);

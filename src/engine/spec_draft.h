@@ -49,9 +49,10 @@ int spec_draft_check_vocab(const blade_model *target, const blade_model *draft, 
 
 /* Loads the draft model at path and checks it against the target; path NULL drafts with
  * the target's own first self_layers layers (early exit through its final norm and
- * classifier). kv_mem_bytes 0 gives it as many token slots as target_kv_tokens. */
-spec_draft *spec_draft_new(const char *path, int32_t self_layers, const blade_model *target, size_t kv_mem_bytes,
-                           int64_t target_kv_tokens, int32_t block_size, blade_kv_type kv_type,
+ * classifier), or with self_type (not BLADE_SPEC_SELF_OWN) a copy of those layers and the
+ * classifier requantized to that type. kv_mem_bytes 0 gives it as many token slots as target_kv_tokens. */
+spec_draft *spec_draft_new(const char *path, int32_t self_layers, uint32_t self_type, const blade_model *target,
+                           size_t kv_mem_bytes, int64_t target_kv_tokens, int32_t block_size, blade_kv_type kv_type,
                            blade_threadpool *pool, int32_t max_batch_tokens, int32_t max_seqs, blade_error *err);
 void spec_draft_free(spec_draft *d);
 

@@ -16,6 +16,7 @@ void blade_spec_config_default(blade_spec_config *c)
     c->k = 4;
     c->ngram_min = 2;
     c->ngram_max = 4;
+    c->self_type = BLADE_SPEC_SELF_OWN;
     c->adaptive = true;
 }
 
