@@ -1145,8 +1145,8 @@ TGT_BF INLINE void bf16_tile(int R, int T, const uint8_t *const *rows, const uin
         const uint8_t *rows[F_TILE_R];                                                                        \
         const xtype *xs[F_TILE_T];                                                                            \
         float out[F_TILE_R * F_TILE_T];                                                                       \
+        const uint8_t *end = (const uint8_t *)W + r1 * (int64_t)w_stride;                                     \
         if (n_tok == 1) {                                                                                     \
-            const uint8_t *end = (const uint8_t *)W + r1 * (int64_t)w_stride;                                 \
             for (int64_t r = r0; r < r1; r++)                                                                 \
                 Y[r] = ROW((const uint8_t *)W + r * (int64_t)w_stride, X, n, end);                            \
             return;                                                                                           \
@@ -1156,6 +1156,10 @@ TGT_BF INLINE void bf16_tile(int R, int T, const uint8_t *const *rows, const uin
             for (int64_t r = r0; r < r1; r += F_TILE_R) {                                                     \
                 tile_rows(W, w_stride, r, r1, F_TILE_R, rows);                                                \
                 int64_t nr = r1 - r < F_TILE_R ? r1 - r : F_TILE_R;                                           \
+                for (int64_t i = 0; i < nr; i++) {                                                            \
+                    prefetch_stream(rows[i], w_stride);                                                       \
+                    touch_stream(rows[i], w_stride, end);                                                     \
+                }                                                                                             \
                 for (int64_t t = c; t < c1; t += F_TILE_T) {                                                  \
                     int64_t nt = c1 - t < F_TILE_T ? c1 - t : F_TILE_T;                                       \
                     for (int j = 0; j < nt; j++)                                                              \
