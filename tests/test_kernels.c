@@ -198,6 +198,26 @@ static void check_invariance(uint32_t type, int64_t n)
                 fail_msg("%s on %s: split call differs from single tokens", type_name(type),
                          blade_isa_name((blade_isa)isa));
         }
+        /* A held input (blade_matmul_input_hold): row pieces of all the tokens, as the
+         * runner's threads take them, the first piece deriving what the others reuse; then
+         * a scratch too small to keep anything. */
+        size_t scratch_bytes = blade_matmul_input_scratch_bytes(n, ntok);
+        uint8_t *scratch = malloc(scratch_bytes);
+        for (int pass = 0; pass < 2; pass++) {
+            memset(y, 0xff, ybytes);
+            blade_matmul_input_hold(scratch, pass ? 64 : scratch_bytes);
+            for (int64_t r0 = 0; r0 < rows;) {
+                int64_t r1 = r0 + align * (1 + (int64_t)(next_u64() % 3));
+                r1 = r1 > rows ? rows : r1;
+                mm(&c, y, 0, ntok, r0, r1);
+                r0 = r1;
+            }
+            blade_matmul_input_release();
+            if (memcmp(y, one, ybytes) != 0)
+                fail_msg("%s on %s: pieces of a held input differ from single tokens (scratch %s)", type_name(type),
+                         blade_isa_name((blade_isa)isa), pass ? "too small" : "large enough");
+        }
+        free(scratch);
     }
     blade_isa_set(saved);
     free(one);

@@ -175,6 +175,8 @@ extern _Thread_local input_memo blade_input_memo;
 /* A token's 32-block as the AVX-512 Q4_0/Q8_0 R16 tiles read it (kernels.c sizes the
  * scratch from it). */
 #define R16_XB_BYTES 40
+/* Most tokens a held input keeps the layout of (9 MiB per thread for rows of 14336). */
+#define R16_HOLD_TOKENS 512
 
 /* A token's side of an R16 product: its quants and block scales from the converted row,
  * and per block the integers the kernels add. Q4_0/Q8_0: one per 32-block, r16_start;

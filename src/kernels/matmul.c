@@ -58,7 +58,8 @@ _Thread_local input_memo blade_input_memo;
 
 size_t blade_matmul_input_scratch_bytes(int64_t n_max, int64_t n_tok_max)
 {
-    int64_t tokens = n_tok_max < R16_TOKEN_CHUNK ? n_tok_max : R16_TOKEN_CHUNK;
+    /* a step of more tokens re-derives per call: its calls are long enough to pay for it */
+    int64_t tokens = n_tok_max < R16_HOLD_TOKENS ? n_tok_max : R16_HOLD_TOKENS;
     return (size_t)((n_max + QK8_0 - 1) / QK8_0) * (size_t)tokens * R16_XB_BYTES;
 }
 

@@ -290,11 +290,6 @@ BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q8_0, q32_matmul, false)
 #define R16_TILE_T 16
 #define R16_Q4_TILE_T 8
 #define R16_LOCAL_SIDE 2048
-/* Q8_0 reads the tile layout (r16_xb) from two tokens on, Q4_0 from five: with fewer,
- * Q4_0's tokens read straight from their rows measured cheaper (verify steps of 2-4 tokens
- * 1.09-1.50x a token's step against 1.19-1.73x through the layout), from five on the
- * layout (1.30-1.36x against 1.79-2.13x; MEASURED.md). */
-#define R16_Q4_TILED_MIN 5
 
 typedef struct r16_w {
     __m512i q[8];
@@ -317,16 +312,16 @@ typedef struct r16_xb {
 } r16_xb;
 _Static_assert(sizeof(r16_xb) == R16_XB_BYTES, "r16_xb is what the input scratch is sized by");
 
-/* Tokens c..c1-1 of X into xb, tile by tile (each full but the last), block by block,
- * token by token. */
-TGT_F INLINE void r16_pack(uint32_t ktype, const void *X, size_t x_stride, int64_t n, int64_t c, int64_t c1, int64_t tile,
+/* The n_tok tokens of X into xb, tile by tile (each full but the last; a tile size divides
+ * R16_TOKEN_CHUNK, so the driver's chunks start on tiles), block by block, token by token. */
+TGT_F INLINE void r16_pack(uint32_t ktype, const void *X, size_t x_stride, int64_t n, int64_t n_tok, int64_t tile,
                            r16_xb *xb)
 {
-    for (int64_t t0 = c; t0 < c1; t0 += tile) {
-        int64_t nt = c1 - t0 < tile ? c1 - t0 : tile;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tile) {
+        int64_t nt = n_tok - t0 < tile ? n_tok - t0 : tile;
         for (int64_t tt = 0; tt < nt; tt++) {
             act_q8_view a = act_q8_at((const uint8_t *)X + (t0 + tt) * (int64_t)x_stride, n);
-            r16_xb *o = xb + (t0 - c) * (n / QK8_0) + tt;
+            r16_xb *o = xb + t0 * (n / QK8_0) + tt;
             for (int64_t b = 0; b < n / QK8_0; b++, o += nt) {
                 _mm256_storeu_si256((__m256i *)o->q, _mm256_loadu_si256((const __m256i *)(a.q + QK8_0 * b)));
                 o->d = a.d[b];
@@ -393,8 +388,8 @@ TGT_Q INLINE __m512 r16_step(const r16_w *w, bool hi16, const int8_t *xq, float 
     return _mm512_fmadd_ps(sum, _mm512_mul_ps(w->d, _mm512_set1_ps(xd)), acc);
 }
 
-/* T tokens from the tile layout x, or with direct (a constant, as stream) one token
- * straight from its row. */
+/* T tokens from the tile layout x, or with direct (a constant, as stream) the one token of
+ * a call straight from its row: a decode step makes no layout. */
 TGT_Q INLINE void r16_blocks(bool q4, int T, bool stream, bool direct, const uint8_t *group, int64_t nb,
                             const r16_xb *x, const r16_x *one, const uint8_t *end, __m512 *acc)
 {
@@ -407,8 +402,7 @@ TGT_Q INLINE void r16_blocks(bool q4, int T, bool stream, bool direct, const uin
         }
         r16_load(q4, q4 && T == 1, group + b * bb, &w);
         if (direct) {
-            for (int t = 0; t < T; t++)
-                acc[t] = r16_step(&w, q4 && T == 1, one[t].q + QK8_0 * b, one[t].d[b], one[t].side[b], acc[t]);
+            acc[0] = r16_step(&w, q4, one->q + QK8_0 * b, one->d[b], one->side[b], acc[0]);
             continue;
         }
         const r16_xb *xb = x + b * T;
@@ -661,19 +655,24 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_
     /* Q4_0/Q8_0 with several tokens: the tile layout, made once per held input when its
      * scratch holds it */
     input_memo *memo = &blade_input_memo;
-    bool tiled = !k4 && !k6 && n_tok >= (ktype == BLADE_KTYPE_Q4_0_R16 ? R16_Q4_TILED_MIN : 2);
-    bool keep = tiled && memo->held && n_tok <= R16_TOKEN_CHUNK && (size_t)(chunk * nb) * sizeof(r16_xb) <= memo->bytes;
+    bool tiled = !k4 && !k6 && n_tok > 1;
+    bool keep = tiled && memo->held && (size_t)(n_tok * nb) * sizeof(r16_xb) <= memo->bytes;
     r16_xb *xb = !tiled ? NULL : keep ? memo->scratch : pack_alloc(sizeof(r16_xb) * (size_t)(chunk * nb));
     bool kept = keep && memo->filled && memo->x == X && memo->x_stride == x_stride && memo->n == n &&
                 memo->n_tok == n_tok && memo->ktype == ktype;
     if (keep && !kept)
         *memo = (input_memo){.scratch = memo->scratch, .bytes = memo->bytes, .held = true, .filled = true,
                              .x = X, .x_stride = x_stride, .n = n, .n_tok = n_tok, .ktype = ktype};
+    /* held: every token's layout at once, chunk c's tiles from xb + c * nb; otherwise one
+     * chunk's at a time */
+    if (keep && !kept)
+        r16_pack(ktype, X, x_stride, n, n_tok, tile, xb);
     const uint8_t *end = (const uint8_t *)W + r1 * (int64_t)w_stride;
     for (int64_t c = 0; c < n_tok; c += R16_TOKEN_CHUNK) {
         int64_t c1 = c + R16_TOKEN_CHUNK < n_tok ? c + R16_TOKEN_CHUNK : n_tok;
-        if (tiled && !kept)
-            r16_pack(ktype, X, x_stride, n, c, c1, tile, xb);
+        const r16_xb *xc = keep ? xb + c * nb : xb;
+        if (tiled && !keep)
+            r16_pack(ktype, (const uint8_t *)X + c * (int64_t)x_stride, x_stride, n, c1 - c, tile, xb);
         else if (!tiled)
             for (int64_t t = c; t < c1; t++)
                 x[t - c] = r16_token(ktype, (const uint8_t *)X + t * (int64_t)x_stride, n, side + (t - c) * per_token);
@@ -692,8 +691,7 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_
 #define K16_TILE(T) (hint ? k16_tile(T, group, nb, xt, y, ldy, hint, true) : k16_tile(T, group, nb, xt, y, ldy, NULL, false))
 #define K6_TILE(T)                                                                                             \
     (hint ? k6_tile(gfni, T, group, nb, xt, y, ldy, hint, true) : k6_tile(gfni, T, group, nb, xt, y, ldy, NULL, false))
-#define R16_DIRECT(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, true, group, nb, NULL, xt, y, ldy, hint)
-#define R16_TILE(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, false, group, nb, xb + (t - c) * nb, NULL, y, ldy, hint)
+#define R16_TILE(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, false, group, nb, xc + (t - c) * nb, NULL, y, ldy, hint)
                 if (k4) {
                     WITH_CONST_T(nt, K16_TILE_T, K16_TILE)
                 } else if (k6) {
@@ -701,12 +699,11 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_
                 } else if (tiled) {
                     WITH_CONST_T16(nt, R16_TILE)
                 } else {
-                    WITH_CONST_T(nt, R16_Q4_TILED_MIN - 1, R16_DIRECT)
+                    r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, 1, true, group, nb, NULL, xt, y, ldy, hint);
                 }
 #undef K16_TILE
 #undef K6_TILE
 #undef R16_TILE
-#undef R16_DIRECT
             }
         }
     }
