@@ -290,6 +290,11 @@ BLADE_DRIVEN_KERNEL(TGT_Q, blade_mm_avx512_q8_0, q32_matmul, false)
 #define R16_TILE_T 16
 #define R16_Q4_TILE_T 8
 #define R16_LOCAL_SIDE 2048
+/* Q8_0 reads the tile layout (r16_xb) from two tokens on, Q4_0 from five. Q4_0's calls of
+ * 2-4 tokens read straight from their rows: through the layout, its steps of 3-5 tokens
+ * measured 1.6-1.9x a one-token step in some builds against 0.8-1.4x this way
+ * (MEASURED.md); from five tokens on the layout is the cheaper. */
+#define R16_Q4_TILED_MIN 5
 
 typedef struct r16_w {
     __m512i q[8];
@@ -388,8 +393,8 @@ TGT_Q INLINE __m512 r16_step(const r16_w *w, bool hi16, const int8_t *xq, float 
     return _mm512_fmadd_ps(sum, _mm512_mul_ps(w->d, _mm512_set1_ps(xd)), acc);
 }
 
-/* T tokens from the tile layout x, or with direct (a constant, as stream) the one token of
- * a call straight from its row: a decode step makes no layout. */
+/* T tokens from the tile layout x, or with direct (a constant, as stream) straight from
+ * their rows: a decode step makes no layout. */
 TGT_Q INLINE void r16_blocks(bool q4, int T, bool stream, bool direct, const uint8_t *group, int64_t nb,
                             const r16_xb *x, const r16_x *one, const uint8_t *end, __m512 *acc)
 {
@@ -402,7 +407,8 @@ TGT_Q INLINE void r16_blocks(bool q4, int T, bool stream, bool direct, const uin
         }
         r16_load(q4, q4 && T == 1, group + b * bb, &w);
         if (direct) {
-            acc[0] = r16_step(&w, q4, one->q + QK8_0 * b, one->d[b], one->side[b], acc[0]);
+            for (int t = 0; t < T; t++)
+                acc[t] = r16_step(&w, q4 && T == 1, one[t].q + QK8_0 * b, one[t].d[b], one[t].side[b], acc[t]);
             continue;
         }
         const r16_xb *xb = x + b * T;
@@ -655,7 +661,7 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_
     /* Q4_0/Q8_0 with several tokens: the tile layout, made once per held input when its
      * scratch holds it */
     input_memo *memo = &blade_input_memo;
-    bool tiled = !k4 && !k6 && n_tok > 1;
+    bool tiled = !k4 && !k6 && n_tok >= (ktype == BLADE_KTYPE_Q4_0_R16 ? R16_Q4_TILED_MIN : 2);
     bool keep = tiled && memo->held && (size_t)(n_tok * nb) * sizeof(r16_xb) <= memo->bytes;
     r16_xb *xb = !tiled ? NULL : keep ? memo->scratch : pack_alloc(sizeof(r16_xb) * (size_t)(chunk * nb));
     bool kept = keep && memo->filled && memo->x == X && memo->x_stride == x_stride && memo->n == n &&
@@ -691,6 +697,7 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_
 #define K16_TILE(T) (hint ? k16_tile(T, group, nb, xt, y, ldy, hint, true) : k16_tile(T, group, nb, xt, y, ldy, NULL, false))
 #define K6_TILE(T)                                                                                             \
     (hint ? k6_tile(gfni, T, group, nb, xt, y, ldy, hint, true) : k6_tile(gfni, T, group, nb, xt, y, ldy, NULL, false))
+#define R16_DIRECT(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, true, group, nb, NULL, xt, y, ldy, hint)
 #define R16_TILE(T) r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, T, false, group, nb, xc + (t - c) * nb, NULL, y, ldy, hint)
                 if (k4) {
                     WITH_CONST_T(nt, K16_TILE_T, K16_TILE)
@@ -699,11 +706,12 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_
                 } else if (tiled) {
                     WITH_CONST_T16(nt, R16_TILE)
                 } else {
-                    r16_tile(ktype == BLADE_KTYPE_Q4_0_R16, 1, true, group, nb, NULL, xt, y, ldy, hint);
+                    WITH_CONST_T(nt, R16_Q4_TILED_MIN - 1, R16_DIRECT)
                 }
 #undef K16_TILE
 #undef K6_TILE
 #undef R16_TILE
+#undef R16_DIRECT
             }
         }
     }
