@@ -41,8 +41,8 @@ void spec_policy_choose(const double *cost, int32_t n_cost, double base_value, i
                         spec_cand *c, int32_t n);
 
 /* Measures cost[1..n_cost] with the runner: steps of T tokens for one sequence after a
- * short context, in blocks 0.. of its store (no sequence may hold them yet), median of a
- * few interleaved repetitions, made non-decreasing and relative to T = 1. *one_step_s gets
+ * short context, in blocks 0.. of its store (no sequence may hold them yet), the fastest
+ * of a few interleaved repetitions, made non-decreasing and relative to T = 1. *one_step_s gets
  * the one-token step's seconds. Returns -1 when the store is too small or a step fails. */
 int spec_measure_cost(blade_runner *r, int32_t n_vocab, int32_t store_blocks, int32_t block_size, double *cost,
                       int32_t n_cost, double *one_step_s);

@@ -705,8 +705,10 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_
                     WITH_CONST_T(nt, K6_TILE_T, K6_TILE)
                 } else if (tiled) {
                     WITH_CONST_T16(nt, R16_TILE)
-                } else {
+                } else if (ktype == BLADE_KTYPE_Q4_0_R16) {
                     WITH_CONST_T(nt, R16_Q4_TILED_MIN - 1, R16_DIRECT)
+                } else {
+                    R16_DIRECT(1);
                 }
 #undef K16_TILE
 #undef K6_TILE
