@@ -53,23 +53,24 @@ int spec_draft_check_vocab(const blade_model *target, const blade_model *draft, 
 }
 
 spec_draft *spec_draft_new(const char *path, int32_t self_layers, uint32_t self_type, const blade_model *target,
-                           size_t kv_mem_bytes,
-                           int64_t target_kv_tokens, int32_t block_size, blade_kv_type kv_type,
+                           size_t kv_mem_bytes, int64_t target_kv_tokens, int32_t block_size, blade_kv_type kv_type,
                            blade_threadpool *pool, int32_t max_batch_tokens, int32_t max_seqs, blade_error *err)
 {
     spec_draft *d = calloc(1, sizeof *d);
     if (!d)
         return blade_error_set(err, "out of memory"), NULL;
     blade_error lerr = {{0}};
-    if (!path && self_type != BLADE_SPEC_SELF_OWN) {
-        /* a lower-precision copy of the target's first layers and classifier: nearly the
-         * target's function for fewer bytes streamed per drafted token, so all layers may
-         * draft */
-        if (self_layers < 1 || self_layers > target->hp.n_layer) {
-            blade_error_set(err, "--self-layers must be between 1 and %d (the model has %d layers), got %d",
-                            target->hp.n_layer, target->hp.n_layer, self_layers);
-            goto fail;
-        }
+    bool own = self_type == BLADE_SPEC_SELF_OWN;
+    /* a lower-precision copy computes nearly the target's function for fewer bytes, so all
+     * its layers may draft; the target's own weights only through fewer layers than it has */
+    int32_t most_layers = own ? target->hp.n_layer - 1 : target->hp.n_layer;
+    if (!path && (self_layers < 1 || self_layers > most_layers)) {
+        blade_error_set(err, "--self-layers must be between 1 and %d (the model has %d layers), got %d", most_layers,
+                        target->hp.n_layer, self_layers);
+        goto fail;
+    }
+    if (!path && !own) {
+        /* a lower-precision copy of the target's first layers and classifier */
         if (!(d->m = blade_model_lowered(target, self_layers, self_type, &lerr))) {
             blade_error_set(err, "self-draft copy: %s", lerr.msg);
             goto fail;
@@ -78,11 +79,6 @@ spec_draft *spec_draft_new(const char *path, int32_t self_layers, uint32_t self_
     } else if (!path) {
         /* early exit: the target's first layers, then its final norm and classifier; the
          * weights are the target's, so the view costs no memory but its KV */
-        if (self_layers < 1 || self_layers >= target->hp.n_layer) {
-            blade_error_set(err, "--self-layers must be between 1 and %d (the model has %d layers), got %d",
-                            target->hp.n_layer - 1, target->hp.n_layer, self_layers);
-            goto fail;
-        }
         if (!(d->m = malloc(sizeof *d->m))) {
             blade_error_set(err, "out of memory");
             goto fail;

@@ -172,7 +172,7 @@ extern _Thread_local input_memo blade_input_memo;
  * them (64 rows of 5632 are about 400 KiB). */
 #define R16_TOKEN_CHUNK 64
 
-/* A token's 32-block as the AVX-512 Q4_0/Q8_0 R16 tiles read it (kernels.c sizes the
+/* A token's 32-block as the AVX-512 Q4_0/Q8_0 R16 tiles read it (matmul.c sizes the
  * scratch from it). */
 #define R16_XB_BYTES 40
 /* Most tokens a held input keeps the layout of (9 MiB per thread for rows of 14336). */

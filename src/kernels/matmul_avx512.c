@@ -666,13 +666,13 @@ TGT_Q INLINE void r16_matmul(uint32_t ktype, bool gfni, const void *W, size_t w_
     r16_xb *xb = !tiled ? NULL : keep ? memo->scratch : pack_alloc(sizeof(r16_xb) * (size_t)(chunk * nb));
     bool kept = keep && memo->filled && memo->x == X && memo->x_stride == x_stride && memo->n == n &&
                 memo->n_tok == n_tok && memo->ktype == ktype;
-    if (keep && !kept)
-        *memo = (input_memo){.scratch = memo->scratch, .bytes = memo->bytes, .held = true, .filled = true,
-                             .x = X, .x_stride = x_stride, .n = n, .n_tok = n_tok, .ktype = ktype};
     /* held: every token's layout at once, chunk c's tiles from xb + c * nb; otherwise one
      * chunk's at a time */
-    if (keep && !kept)
+    if (keep && !kept) {
+        *memo = (input_memo){.scratch = memo->scratch, .bytes = memo->bytes, .held = true, .filled = true,
+                             .x = X, .x_stride = x_stride, .n = n, .n_tok = n_tok, .ktype = ktype};
         r16_pack(ktype, X, x_stride, n, n_tok, tile, xb);
+    }
     const uint8_t *end = (const uint8_t *)W + r1 * (int64_t)w_stride;
     for (int64_t c = 0; c < n_tok; c += R16_TOKEN_CHUNK) {
         int64_t c1 = c + R16_TOKEN_CHUNK < n_tok ? c + R16_TOKEN_CHUNK : n_tok;

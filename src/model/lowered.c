@@ -17,12 +17,11 @@ typedef struct lowered {
     uint8_t *weights;
 } lowered;
 
-/* The kernel type and bytes of w requantized to type. */
-static size_t lowered_bytes(const blade_weight *w, uint32_t type, uint32_t *ktype)
+/* Bytes of w requantized to type, in the kernels' layout, rounded up to whole lines. */
+static size_t lowered_bytes(const blade_weight *w, uint32_t type)
 {
     uint32_t packed = blade_matmul_repacked_type(type, w->n_in, w->n_out);
-    *ktype = packed ? packed : type;
-    return (blade_matmul_row_bytes(*ktype, w->n_in) * (size_t)w->n_out + 63) / 64 * 64;
+    return (blade_matmul_row_bytes(packed ? packed : type, w->n_in) * (size_t)w->n_out + 63) / 64 * 64;
 }
 
 /* Rows of w as floats, quantized to type at dst (row-major, the file layout), then
@@ -87,16 +86,14 @@ blade_model *blade_model_lowered(const blade_model *m, int32_t n_layers, uint32_
     size_t total = 0;
     int64_t widest = 0;
     for (int i = 0; i < n; i++) {
-        uint32_t ktype;
-        total += lowered_bytes(ws[i], type, &ktype);
+        total += lowered_bytes(ws[i], type);
         widest = ws[i]->n_in > widest ? ws[i]->n_in : widest;
     }
     if (!(c->weights = aligned_alloc(64, total ? total : 64)) || !(row = malloc(sizeof(float) * (size_t)widest)))
         goto oom;
     size_t at = 0;
     for (int i = 0; i < n; i++) {
-        uint32_t ktype;
-        size_t bytes = lowered_bytes(ws[i], type, &ktype);
+        size_t bytes = lowered_bytes(ws[i], type);
         lower(ws[i], type, c->weights + at, row);
         at += bytes;
     }
