@@ -124,6 +124,7 @@ typedef struct engine_shape {
     int32_t draft_kv_blocks; /* 0: the default */
     bool contiguous;         /* --kv-alloc contiguous */
     const char *self_type;   /* self-draft's lower-precision copy (all layers); NULL: early exit */
+    bool no_lookup;          /* --no-draft-lookup: the drafting model alone */
 } engine_shape;
 
 static blade_engine *engine_try(const blade_model *m, const engine_shape *sh, blade_error *err)
@@ -144,6 +145,7 @@ static blade_engine *engine_try(const blade_model *m, const engine_shape *sh, bl
     cfg.spec.draft_model_path = sh->draft;
     cfg.spec.self_layers = sh->self_type ? m->hp.n_layer : 4;
     cfg.spec.self_type = sh->self_type ? (uint32_t)blade_type_from_name(sh->self_type) : BLADE_SPEC_SELF_OWN;
+    cfg.spec.draft_lookup = !sh->no_lookup;
     /* every k is tried as given; the policy has tests of its own */
     cfg.spec.adaptive = false;
     /* the draft has the target's shape here */
@@ -154,7 +156,7 @@ static blade_engine *engine_try(const blade_model *m, const engine_shape *sh, bl
 static blade_engine *engine_new(const blade_model *m, int32_t kv_blocks, int32_t budget, int32_t threads,
                                 blade_spec_mode mode, int32_t k)
 {
-    engine_shape sh = {kv_blocks, budget, threads, mode, k, NULL, 0, false, NULL};
+    engine_shape sh = {kv_blocks, budget, threads, mode, k, NULL, 0, false, NULL, false};
     blade_error err = {{0}};
     blade_engine *e = engine_try(m, &sh, &err);
     if (!e)
@@ -310,10 +312,11 @@ static void check_bit_identical(const engine_shape *shapes, size_t n_shapes)
         result got[N_PROMPTS];
         run_all(e, jobs, N_PROMPTS, got, nv, false);
         char what[128];
-        snprintf(what, sizeof what, "%s k %d, budget %d, %d blocks, %d threads%s%s%s%s", blade_spec_mode_name(sh->mode),
-                 sh->k, sh->budget, sh->kv_blocks, sh->threads, sh->draft_kv_blocks ? ", small draft KV" : "",
-                 sh->contiguous ? ", contiguous KV" : "", sh->self_type ? ", a copy in " : "",
-                 sh->self_type ? sh->self_type : "");
+        snprintf(what, sizeof what, "%s k %d, budget %d, %d blocks, %d threads%s%s%s%s%s",
+                 blade_spec_mode_name(sh->mode), sh->k, sh->budget, sh->kv_blocks, sh->threads,
+                 sh->draft_kv_blocks ? ", small draft KV" : "", sh->contiguous ? ", contiguous KV" : "",
+                 sh->self_type ? ", a copy in " : "", sh->self_type ? sh->self_type : "",
+                 sh->no_lookup ? ", no lookup" : "");
         for (int i = 0; i < N_PROMPTS; i++) {
             if (jobs[i].temperature == 0)
                 assert_same(&ref[i], &got[i], i, what);
@@ -350,24 +353,29 @@ static void test_ngram_bit_identical(void **state)
 {
     (void)state;
     static const engine_shape shapes[] = {
-        {256, 256, 2, BLADE_SPEC_NGRAM, 1, NULL, 0, false, NULL}, {256, 24, 1, BLADE_SPEC_NGRAM, 3, NULL, 0, false, NULL},
-        {256, 9, 3, BLADE_SPEC_NGRAM, 4, NULL, 0, false, NULL},   {40, 64, 2, BLADE_SPEC_NGRAM, 8, NULL, 0, false, NULL},
-        {256, 256, 2, BLADE_SPEC_NGRAM, 16, NULL, 0, false, NULL},
-        {256, 64, 2, BLADE_SPEC_NGRAM, 4, NULL, 0, true, NULL},
+        {256, 256, 2, BLADE_SPEC_NGRAM, 1, NULL, 0, false, NULL, false}, {256, 24, 1, BLADE_SPEC_NGRAM, 3, NULL, 0, false, NULL, false},
+        {256, 9, 3, BLADE_SPEC_NGRAM, 4, NULL, 0, false, NULL, false},   {40, 64, 2, BLADE_SPEC_NGRAM, 8, NULL, 0, false, NULL, false},
+        {256, 256, 2, BLADE_SPEC_NGRAM, 16, NULL, 0, false, NULL, false},
+        {256, 64, 2, BLADE_SPEC_NGRAM, 4, NULL, 0, true, NULL, false},
     };
     check_bit_identical(shapes, sizeof shapes / sizeof shapes[0]);
 }
 
-/* The same with the draft model; the last shape's draft KV (12 blocks) holds only a few
- * sequences, so the others go without drafts and get them back as blocks free up. */
+/* The same with the draft model, prompt lookup beside it (the default) and without; the
+ * fifth shape's draft KV (12 blocks) holds only a few sequences, so the others go without
+ * drafts and get them back as blocks free up. */
 static void test_draft_model_bit_identical(void **state)
 {
     (void)state;
     const char *d = draft_path();
     engine_shape shapes[] = {
-        {256, 256, 2, BLADE_SPEC_DRAFT, 1, d, 0, false, NULL}, {256, 24, 1, BLADE_SPEC_DRAFT, 3, d, 0, false, NULL},
-        {256, 9, 3, BLADE_SPEC_DRAFT, 5, d, 0, false, NULL},   {40, 64, 2, BLADE_SPEC_DRAFT, 8, d, 0, false, NULL},
-        {256, 256, 2, BLADE_SPEC_DRAFT, 4, d, 12, false, NULL},
+        {256, 256, 2, BLADE_SPEC_DRAFT, 1, d, 0, false, NULL, false},
+        {256, 24, 1, BLADE_SPEC_DRAFT, 3, d, 0, false, NULL, false},
+        {256, 9, 3, BLADE_SPEC_DRAFT, 5, d, 0, false, NULL, false},
+        {40, 64, 2, BLADE_SPEC_DRAFT, 8, d, 0, false, NULL, false},
+        {256, 256, 2, BLADE_SPEC_DRAFT, 4, d, 12, false, NULL, false},
+        {256, 24, 2, BLADE_SPEC_DRAFT, 4, d, 0, false, NULL, true},
+        {40, 9, 3, BLADE_SPEC_DRAFT, 6, d, 0, false, NULL, true},
     };
     check_bit_identical(shapes, sizeof shapes / sizeof shapes[0]);
 }
@@ -380,11 +388,11 @@ static void test_self_draft_bit_identical(void **state)
 {
     (void)state;
     static const engine_shape shapes[] = {
-        {256, 256, 2, BLADE_SPEC_SELF, 4, NULL, 0, false, NULL},
-        {40, 24, 3, BLADE_SPEC_SELF, 6, NULL, 0, false, NULL},
-        {256, 256, 2, BLADE_SPEC_SELF, 4, NULL, 0, false, "q4_0"},
-        {40, 24, 3, BLADE_SPEC_SELF, 6, NULL, 0, false, "q8_0"},
-        {256, 9, 1, BLADE_SPEC_SELF, 3, NULL, 0, true, "q4_0"},
+        {256, 256, 2, BLADE_SPEC_SELF, 4, NULL, 0, false, NULL, false},
+        {40, 24, 3, BLADE_SPEC_SELF, 6, NULL, 0, false, NULL, false},
+        {256, 256, 2, BLADE_SPEC_SELF, 4, NULL, 0, false, "q4_0", false},
+        {40, 24, 3, BLADE_SPEC_SELF, 6, NULL, 0, false, "q8_0", false},
+        {256, 9, 1, BLADE_SPEC_SELF, 3, NULL, 0, true, "q4_0", false},
     };
     check_bit_identical(shapes, sizeof shapes / sizeof shapes[0]);
 }
@@ -395,7 +403,7 @@ static void test_draft_model_refused(void **state)
     (void)state;
     blade_model *m = load_stories();
     blade_error err = {{0}};
-    engine_shape sh = {64, 64, 1, BLADE_SPEC_DRAFT, 4, NULL, 0, false, NULL};
+    engine_shape sh = {64, 64, 1, BLADE_SPEC_DRAFT, 4, NULL, 0, false, NULL, false};
     assert_null(engine_try(m, &sh, &err));
     assert_non_null(strstr(err.msg, "--draft-model"));
 
@@ -663,7 +671,7 @@ static void test_sampled_distribution(void **state)
     pthread_mutex_init(&spec->mu, NULL);
     draw_slot *slots = calloc(N_DRAWS, sizeof *slots);
 
-    engine_shape sh = {512, 256, 2, BLADE_SPEC_NONE, 3, NULL, 0, false, NULL};
+    engine_shape sh = {512, 256, 2, BLADE_SPEC_NONE, 3, NULL, 0, false, NULL, false};
     blade_error err = {{0}};
     blade_engine *e = engine_try(m, &sh, &err);
     assert_non_null(e);
@@ -772,6 +780,23 @@ static void test_policy(void **state)
     choose(knee4, 5, 1, 1, 0, c, 1);
     assert_true(c[0].k <= 4);
 
+    /* made drafts rated one by one: a weak second draft is not worth a new tile, four
+     * sure ones are */
+    double weak[2] = {0.9, 0.3}, sure[4] = {0.95, 0.9, 0.85, 0.8};
+    c[0] = (spec_cand){.gain = weak, .k_max = 2};
+    choose(stepped, 5, 1, 1, 0, c, 1);
+    assert_int_equal(c[0].k, 1);
+    c[0] = (spec_cand){.gain = sure, .k_max = 4};
+    choose(stepped, 5, 1, 1, 0, c, 1);
+    assert_int_equal(c[0].k, 4);
+    /* and the likelier of two sequences' drafts go first */
+    double poor[4] = {0.2, 0.05, 0.01, 0.001};
+    c[0] = (spec_cand){.gain = poor, .k_max = 4};
+    c[1] = (spec_cand){.gain = sure, .k_max = 4};
+    choose(knee4, 17, 2, 2, 0, c, 2);
+    assert_int_equal(c[0].k, 0);
+    assert_int_equal(c[1].k, 2);
+
     spec_accept a;
     spec_accept_init(&a);
     assert_true(fabs(spec_accept_rate(&a) - 0.5) < 1e-12);
@@ -781,6 +806,67 @@ static void test_policy(void **state)
     assert_true(fabs(spec_accept_rate(&a) - 4.41 / 6.22) < 1e-12);
     spec_accept_update(&a, 0, 0);
     assert_true(fabs(spec_accept_rate(&a) - 4.41 / 6.22) < 1e-12);
+}
+
+/* The calibration starts from its priors and follows what verification shows, band by
+ * band; confidences outside [0, 1) land in the end bands. */
+static void test_calibration(void **state)
+{
+    (void)state;
+    spec_calib c;
+    spec_calib_init(&c);
+    assert_true(fabs(spec_calib_rate(&c, SPEC_FROM_MODEL, 0.25f) - 0.25) < 1e-12);
+    assert_true(fabs(spec_calib_rate(&c, SPEC_FROM_LOOKUP, 0.25f) - 0.5) < 1e-12);
+    assert_true(spec_calib_rate(&c, SPEC_FROM_BOTH, 0.25f) > spec_calib_rate(&c, SPEC_FROM_MODEL, 0.25f));
+    assert_int_equal(spec_calib_band(1.0f), SPEC_CONF_BANDS - 1);
+    assert_int_equal(spec_calib_band(-0.5f), 0);
+    assert_int_equal(spec_calib_band(NAN), 0);
+    assert_true(fabs(spec_calib_best(&c) - 0.975) < 1e-12);
+    /* drafts of 0.2-0.3 kept every time: their band climbs past lookup's prior, the band
+     * next to it does not move */
+    for (int i = 0; i < 50; i++)
+        spec_calib_update(&c, SPEC_FROM_MODEL, 0.22f, true);
+    assert_true(spec_calib_rate(&c, SPEC_FROM_MODEL, 0.29f) > 0.9);
+    assert_true(fabs(spec_calib_rate(&c, SPEC_FROM_MODEL, 0.35f) - 0.35) < 1e-12);
+    for (int i = 0; i < 500; i++)
+        spec_calib_update(&c, SPEC_FROM_MODEL, 0.22f, false);
+    assert_true(spec_calib_rate(&c, SPEC_FROM_MODEL, 0.22f) < 0.01);
+}
+
+/* The live curve: a step of T tokens costs max(memory time, its busy time). */
+static void test_live_curve(void **state)
+{
+    (void)state;
+    double measured[6] = {0, 1, 1.02, 1.1, 1.3, 1.5};
+    spec_curve c;
+    spec_curve_init(&c, measured, 5, 10);
+    for (int t = 1; t <= 5; t++)
+        assert_true(fabs(c.cost[t] - measured[t]) < 1e-12);
+    /* memory slows to 16 ms a token: one-token steps show it, and the curve flattens */
+    for (int i = 0; i < 20; i++)
+        spec_curve_observe(&c, 1, 16);
+    assert_true(fabs(c.mem_ms - 16) < 0.01);
+    for (int t = 2; t <= 5; t++)
+        assert_true(fabs(c.cost[t] - 1) < 1e-12);
+    /* a five-token step far slower than its busy time also tells the memory time */
+    for (int i = 0; i < 20; i++)
+        spec_curve_observe(&c, 5, 20);
+    assert_true(fabs(c.mem_ms - 20) < 0.01);
+    assert_true(fabs(c.busy_ms[5] - 15) < 1e-12);
+    /* memory fast again, five-token steps compute-bound at 13.5 ms */
+    for (int i = 0; i < 20; i++) {
+        spec_curve_observe(&c, 1, 9);
+        spec_curve_observe(&c, 5, 13.5);
+    }
+    assert_true(fabs(c.cost[5] - 1.5) < 0.01);
+    assert_true(c.cost[4] <= c.cost[5] && c.cost[3] <= c.cost[4]);
+    /* sizes beyond the curve and nonsense times change nothing */
+    spec_curve before = c;
+    spec_curve_observe(&c, 6, 1);
+    spec_curve_observe(&c, 0, 1);
+    spec_curve_observe(&c, 2, NAN);
+    spec_curve_observe(&c, 2, -1);
+    assert_memory_equal(&before, &c, sizeof c);
 }
 
 /* The adaptive engine with a given cost curve: where a verify costs a step per token, it
@@ -831,6 +917,58 @@ static void test_adaptive_engine_backs_off(void **state)
     blade_model_free(m);
 }
 
+/* The adaptive engine with the draft model: drafts stop at a doubtful one and each step
+ * verifies what their ratings make worth it, with a given free verify and with the curve
+ * measured at start and followed through the run (whatever that makes the policy do, the
+ * output is plain decoding's). */
+static void test_adaptive_draft_model(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    int32_t nv = m->hp.n_vocab;
+    job *jobs = make_jobs(m);
+    result ref[N_PROMPTS];
+    run_plain(m, jobs, N_PROMPTS, ref);
+    for (int measured = 0; measured < 2; measured++) {
+        blade_engine_config cfg;
+        blade_engine_config_default(&cfg);
+        cfg.n_threads = 2;
+        cfg.kv_mem_bytes = 8 << 20;
+        cfg.check_invariants = true;
+        cfg.spec.mode = BLADE_SPEC_DRAFT;
+        cfg.spec.draft_model_path = draft_path();
+        cfg.spec.k = 6;
+        for (int t = 1; t <= cfg.spec.k + 1 && !measured; t++)
+            cfg.spec.verify_cost[t] = 1.0;
+        /* the draft has the target's size here: as if it were as cheap as a real one */
+        cfg.spec.draft_cost = measured ? 0 : 0.02;
+        blade_error err = {{0}};
+        blade_engine *e = blade_engine_new(m, &cfg, &err);
+        if (!e)
+            fail_msg("%s", err.msg);
+        result got[N_PROMPTS];
+        run_all(e, jobs, N_PROMPTS, got, nv, false);
+        for (int i = 0; i < N_PROMPTS; i++) {
+            if (jobs[i].temperature == 0)
+                assert_same(&ref[i], &got[i], i, measured ? "adaptive draft, measured curve" : "adaptive draft");
+            test_record_free(&got[i]);
+        }
+        blade_engine_stats st;
+        blade_engine_stats_get(e, &st);
+        print_message("adaptive draft model, %s curve: %llu drafts, %llu accepted\n", measured ? "measured" : "free",
+                      (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_accepted_tokens);
+        if (!measured) {
+            assert_true(st.spec_accepted_tokens > 0);
+            assert_true(st.spec_accepted_tokens < st.spec_draft_tokens);
+        }
+        assert_clean(e, "adaptive draft");
+        blade_engine_free(e, true);
+    }
+    free_results(ref, N_PROMPTS);
+    free(jobs);
+    blade_model_free(m);
+}
+
 static void test_rejects_bad_config(void **state)
 {
     (void)state;
@@ -850,6 +988,12 @@ static void test_rejects_bad_config(void **state)
     cfg.spec.ngram_max = 2;
     assert_null(blade_engine_new(m, &cfg, &err));
     assert_non_null(strstr(err.msg, "ngram"));
+    cfg.spec.ngram_max = 4;
+    cfg.spec.draft_cost = NAN;
+    assert_null(blade_engine_new(m, &cfg, &err));
+    assert_non_null(strstr(err.msg, "draft cost"));
+    cfg.spec.draft_cost = -1;
+    assert_null(blade_engine_new(m, &cfg, &err));
     assert_int_equal(blade_spec_mode_parse("ngram"), BLADE_SPEC_NGRAM);
     assert_int_equal(blade_spec_mode_parse("self"), BLADE_SPEC_SELF);
     assert_int_equal(blade_spec_mode_parse("draft"), BLADE_SPEC_DRAFT);
@@ -869,7 +1013,10 @@ int main(void)
         cmocka_unit_test(test_draft_model_refused),
         cmocka_unit_test(test_sampled_distribution),
         cmocka_unit_test(test_policy),
+        cmocka_unit_test(test_calibration),
+        cmocka_unit_test(test_live_curve),
         cmocka_unit_test(test_adaptive_engine_backs_off),
+        cmocka_unit_test(test_adaptive_draft_model),
         cmocka_unit_test(test_prefix_cache_holds_no_rejected_token),
         cmocka_unit_test(test_stop_inside_accepted_run),
         cmocka_unit_test(test_rejects_bad_config),

@@ -43,16 +43,25 @@ typedef struct blade_spec_config {
      * (e.g. Q4_0) drafts with the drafting layers' projections and the classifier requantized
      * to it at load, a copy that streams fewer bytes per drafted token */
     uint32_t self_type;
+    /* BLADE_SPEC_DRAFT and BLADE_SPEC_SELF: prompt lookup (n-grams of ngram_min..ngram_max)
+     * competes with the drafting model for each draft, and where they differ the one more
+     * likely to be kept, by what verification has shown so far, is drafted (default). */
+    bool draft_lookup;
     /* Choose each sequence's k per step (at most k) from its acceptance so far and what a
      * step of T tokens costs on this machine, backing off when the step is compute-bound
-     * (default). False: always draft k (tests, benchmarks of a fixed k). */
+     * (default); a model drafter then stops at the first draft it is unsure of, and the
+     * step verifies as many of the drafts as their confidences make worth it. False:
+     * always draft k (tests, benchmarks of a fixed k). */
     bool adaptive;
     /* The cost of a step of T new tokens relative to one, T = 1..k+1 (index T); all zero:
      * measured when the engine starts. */
     double verify_cost[BLADE_SPEC_MAX_K + 2];
+    /* With verify_cost given: one call of the drafting model relative to a one-token step of
+     * the target; 0: measured when the engine starts. */
+    double draft_cost;
 } blade_spec_config;
 
-/* Off; k 4, adaptive, n-grams of 2..4 tokens when turned on. */
+/* Off; k 4, adaptive, n-grams of 2..4 tokens, lookup beside a drafting model, when turned on. */
 void blade_spec_config_default(blade_spec_config *c);
 const char *blade_spec_mode_name(blade_spec_mode m);
 /* "none", "ngram", "draft", "self" -> mode; -1 for anything else. */

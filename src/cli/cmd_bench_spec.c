@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_MODES 4
+#define MAX_MODES 5
 #define CURVE_MAX 9
 #define CURVE_CTX 64
 
@@ -271,14 +271,26 @@ static int bench_spec_main(int argc, char **argv)
     printf("a %d-token chunk: %.1f ms = %.2f ms per token: prefill is %.1fx faster per token than decode\n\n",
            CURVE_CTX, curve[0], curve[0] / CURVE_CTX, curve[1] / (curve[0] / CURVE_CTX));
 
+    /* the draft model runs twice: as configured (prompt lookup beside it unless
+     * --no-draft-lookup), and alone, to show what lookup adds */
     blade_spec_mode wanted[MAX_MODES] = {BLADE_SPEC_NONE, BLADE_SPEC_NGRAM, BLADE_SPEC_SELF};
+    bool lookup[MAX_MODES] = {false, false, eo.cfg.spec.draft_lookup};
     n_modes = 3;
-    if (eo.cfg.spec.draft_model_path)
-        wanted[n_modes++] = BLADE_SPEC_DRAFT;
+    if (eo.cfg.spec.draft_model_path) {
+        wanted[n_modes] = BLADE_SPEC_DRAFT;
+        lookup[n_modes++] = eo.cfg.spec.draft_lookup;
+        if (eo.cfg.spec.draft_lookup) {
+            wanted[n_modes] = BLADE_SPEC_DRAFT;
+            lookup[n_modes++] = false;
+        }
+    }
     for (int i = 0; i < n_modes; i++) {
         blade_engine_config cfg = eo.cfg;
         cfg.spec.mode = wanted[i];
-        modes[i].name = blade_spec_mode_name(wanted[i]);
+        cfg.spec.draft_lookup = lookup[i];
+        modes[i].name = wanted[i] == BLADE_SPEC_DRAFT && !lookup[i] && eo.cfg.spec.draft_lookup
+                            ? "draft, no lookup"
+                            : blade_spec_mode_name(wanted[i]);
         if (!(modes[i].e = blade_engine_new(m, &cfg, &err))) {
             fprintf(stderr, "error: %s: %s\n", modes[i].name, err.msg);
             goto out;

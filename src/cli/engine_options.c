@@ -66,6 +66,9 @@ const cli_flag cli_engine_flags[] = {
      .metavar = "TYPE", .dflt = "the model's own weights",
      .help = "--spec self drafts with a copy of its layers and classifier requantized to TYPE at load (e.g. "
              "q4_0): fewer bytes per drafted token"},
+    {.name = "no-draft-lookup", .kind = CLI_BOOL, .negate = true, CLI_AT(E, cfg.spec.draft_lookup),
+     .help = "draft with the model alone (--spec draft or self): by default prompt lookup's candidate goes in "
+             "where the model is less sure of its own"},
     {.name = "spec-k", .kind = CLI_INT, CLI_AT(E, cfg.spec.k), .min = 1, .max = BLADE_SPEC_MAX_K, .metavar = "N",
      .help = "most drafted tokens per sequence and step; each step picks fewer from each request's acceptance and "
              "the verify cost measured at start, none when the step is compute-bound"},

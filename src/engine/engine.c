@@ -39,6 +39,8 @@ static int validate_spec(const blade_spec_config *sc, blade_error *err)
     if (sc->ngram_min < 1 || sc->ngram_max < sc->ngram_min)
         return blade_error_set(err, "n-gram lengths must satisfy 1 <= --ngram-min (%d) <= --ngram-max (%d)",
                                sc->ngram_min, sc->ngram_max);
+    if (!(sc->draft_cost >= 0 && sc->draft_cost < 1e6))
+        return blade_error_set(err, "a given draft cost must be a finite number >= 0, got %g", sc->draft_cost);
     return 0;
 }
 
@@ -93,17 +95,20 @@ static void calibrate_policy(blade_engine *e)
 {
     const blade_spec_config *sc = &e->cfg.spec;
     int32_t n = sc->k + 1;
-    double one = 0;
+    double one = 0, cost[BLADE_SPEC_MAX_K + 2];
     if (sc->verify_cost[1] > 0) {
-        memcpy(e->spec_cost, sc->verify_cost, sizeof e->spec_cost);
-        one = 1;
-    } else if (spec_measure_cost(e->runner, e->m->hp.n_vocab, e->store->n_blocks, e->cfg.block_size, e->spec_cost, n,
+        spec_curve_init(&e->curve, sc->verify_cost, n, 1);
+    } else if (spec_measure_cost(e->runner, e->m->hp.n_vocab, e->store->n_blocks, e->cfg.block_size, cost, n,
                                  &one)) {
         return;
+    } else {
+        spec_curve_init(&e->curve, cost, n, one * 1e3);
+        e->curve_live = true;
     }
-    e->n_spec_cost = n;
     e->draft_cost = 0;
-    if (e->draft) {
+    if (e->draft && sc->verify_cost[1] > 0 && sc->draft_cost > 0) {
+        e->draft_cost = sc->draft_cost;
+    } else if (e->draft) {
         double d = spec_draft_step_seconds(e->draft);
         if (d < 0)
             return;
@@ -180,9 +185,11 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
     e->draft_owner = malloc(seqs * sizeof *e->draft_owner);
     e->spec_probs = malloc((size_t)m->hp.n_vocab * sizeof *e->spec_probs);
     e->cands = malloc(seqs * sizeof *e->cands);
+    e->spec_gain = malloc(seqs * BLADE_SPEC_MAX_K * sizeof *e->spec_gain);
+    spec_calib_init(&e->calib);
     e->cand_owner = malloc(seqs * sizeof *e->cand_owner);
     bool scratch = e->row_ids && e->item_row && e->item_out && e->item_bad && e->spec_out && e->draft_jobs &&
-                   e->draft_owner && e->spec_probs && e->cands && e->cand_owner;
+                   e->draft_owner && e->spec_probs && e->cands && e->spec_gain && e->cand_owner;
     if (scratch && e->runner && (cfg->spec.mode == BLADE_SPEC_DRAFT || cfg->spec.mode == BLADE_SPEC_SELF)) {
         bool self = cfg->spec.mode == BLADE_SPEC_SELF;
         bool own = cfg->spec.self_type == BLADE_SPEC_SELF_OWN;
@@ -195,6 +202,8 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
             blade_engine_free(e, false);
             return NULL;
         }
+        if (cfg->spec.draft_lookup)
+            spec_draft_set_lookup(e->draft, cfg->spec.ngram_min, cfg->spec.ngram_max);
     }
     if (e->row_ids)
         for (size_t i = 0; i < rows; i++)
@@ -323,6 +332,7 @@ void blade_engine_free(blade_engine *e, bool drain)
     free(e->draft_owner);
     free(e->spec_probs);
     free(e->cands);
+    free(e->spec_gain);
     free(e->cand_owner);
     spec_draft_free(e->draft);
     blade_runner_free(e->runner);

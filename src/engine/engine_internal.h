@@ -37,6 +37,9 @@ typedef struct request_state {
     spec_draft_seq draft; /* its state in the draft model, with --spec draft */
     spec_accept accept;   /* how often its drafts are kept */
     int32_t spec_k;       /* drafts it may carry this step (engine thread) */
+    /* its model drafts' confidences and sources this step, for the calibration */
+    float spec_conf[BLADE_SPEC_MAX_K];
+    uint8_t spec_source[BLADE_SPEC_MAX_K];
     /* Static batching only: answered in full, but its seat in the batch keeps computing
      * (tokens nobody sees) until every member has finished, as in a fixed-shape batch. */
     bool padding;
@@ -114,10 +117,12 @@ struct blade_engine {
     spec_draft_job *draft_jobs; /* [max_seqs] */
     struct request_state **draft_owner; /* [max_seqs] whose job each is */
     spec_cand *cands;      /* [max_seqs] the policy's candidates ... */
+    double *spec_gain;     /* [max_seqs][BLADE_SPEC_MAX_K] their made drafts' chances (spec_cand.gain) */
+    spec_calib calib;      /* what a model draft's confidence says about its acceptance */
     struct request_state **cand_owner; /* ... and whose each is */
     bool adaptive;         /* the policy chooses k (the cost curve is known) */
-    double spec_cost[BLADE_SPEC_MAX_K + 2]; /* a step of T tokens relative to one */
-    int32_t n_spec_cost;
+    spec_curve curve;      /* a step of T tokens relative to one */
+    bool curve_live;       /* ... measured here, and following live steps */
     double draft_cost;     /* one draft-model call relative to a one-token target step */
     uint64_t spec_verifies, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accept_hist[BLADE_SPEC_MAX_K + 1];

@@ -10,6 +10,7 @@
 #include "blade/sampler.h"
 #include "blade/tokenizer.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,8 @@ struct spec_draft {
     int32_t *job_of;        /* [max_seqs] job of each batch entry */
     int32_t *pos_token;     /* [max_seqs] the one token each later call feeds */
     float *logits;          /* [max_seqs][n_vocab] */
+    double *alive;          /* [max_seqs] each job's chance that all its drafts so far are kept */
+    int32_t lookup_min, lookup_max; /* prompt lookup's n-gram lengths; lookup_min 0: off */
 };
 
 int spec_draft_check_vocab(const blade_model *target, const blade_model *draft, blade_error *err)
@@ -114,7 +117,8 @@ spec_draft *spec_draft_new(const char *path, int32_t self_layers, uint32_t self_
     d->job_of = calloc((size_t)max_seqs, sizeof *d->job_of);
     d->pos_token = calloc((size_t)max_seqs, sizeof *d->pos_token);
     d->logits = malloc((size_t)max_seqs * (size_t)d->m->hp.n_vocab * sizeof(float));
-    if (!d->batch || !d->job_of || !d->pos_token || !d->logits) {
+    d->alive = calloc((size_t)max_seqs, sizeof *d->alive);
+    if (!d->batch || !d->job_of || !d->pos_token || !d->logits || !d->alive) {
         blade_error_set(err, "out of memory");
         goto fail;
     }
@@ -132,6 +136,7 @@ void spec_draft_free(spec_draft *d)
     free(d->job_of);
     free(d->pos_token);
     free(d->logits);
+    free(d->alive);
     blade_runner_free(d->runner);
     blade_kv_cache_free(d->kv);
     blade_kv_store_free(d->store);
@@ -142,6 +147,12 @@ void spec_draft_free(spec_draft *d)
     else
         blade_model_free(d->m);
     free(d);
+}
+
+void spec_draft_set_lookup(spec_draft *d, int32_t n_min, int32_t n_max)
+{
+    d->lookup_min = n_min;
+    d->lookup_max = n_max;
 }
 
 double spec_draft_step_seconds(spec_draft *d)
@@ -194,12 +205,60 @@ static void fail_all(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs)
     }
 }
 
-int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, blade_error *err)
+/* Logits this far below the top add less than e^-16 each to the softmax sum: skipping them
+ * saves an exp per vocabulary entry and moves a confidence by at most vocabulary size times
+ * 1e-7. */
+#define CONF_CUT 16.0f
+
+/* The draft model's probability for its choice `top`. */
+static float choice_prob(const float *logits, int32_t n, int32_t top)
+{
+    float max = logits[top], cut = max - CONF_CUT;
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (logits[i] > cut)
+            sum += expf(logits[i] - max);
+    return sum > 0 ? (float)(1.0 / sum) : 0.0f;
+}
+
+/* Appends job i's next draft: the draft model's choice from its logits, or prompt
+ * lookup's candidate where the two differ and the calibration rates lookup likelier to be
+ * kept. A row with no usable logits ends the job's drafting. */
+static void push_draft(spec_draft *d, spec_draft_job *j, int32_t i, const float *logits, const spec_calib *calib)
+{
+    int32_t top = blade_argmax(logits, d->m->hp.n_vocab);
+    if (top < 0) {
+        d->alive[i] = 0;
+        j->k = j->n_out;
+        return;
+    }
+    float conf = choice_prob(logits, d->m->hp.n_vocab, top);
+    int32_t tok = top, look;
+    spec_source src = SPEC_FROM_MODEL;
+    if (d->lookup_min > 0 &&
+        blade_ngram_propose(j->tokens, j->n_tokens + j->n_out, d->lookup_min, d->lookup_max, 1, &look) == 1) {
+        if (look == top)
+            src = SPEC_FROM_BOTH;
+        else if (spec_calib_rate(calib, SPEC_FROM_LOOKUP, conf) > spec_calib_rate(calib, SPEC_FROM_MODEL, conf)) {
+            tok = look;
+            src = SPEC_FROM_LOOKUP;
+        }
+    }
+    j->tokens[j->n_tokens + j->n_out] = tok;
+    j->conf[j->n_out] = conf;
+    j->source[j->n_out] = (uint8_t)src;
+    j->n_out++;
+    d->alive[i] *= spec_calib_rate(calib, src, conf);
+}
+
+int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, const spec_calib *calib, blade_error *err)
 {
     const int32_t n_vocab = d->m->hp.n_vocab;
     int32_t budget = d->max_batch_tokens, n = 0, k_max = 0;
-    for (int32_t i = 0; i < n_jobs; i++)
+    for (int32_t i = 0; i < n_jobs; i++) {
         jobs[i].n_out = 0;
+        d->alive[i] = 1;
+    }
     /* call 1: catch up, and the first draft of each sequence that caught up fully */
     for (int32_t i = 0; i < n_jobs && n < d->max_seqs; i++) {
         spec_draft_job *j = &jobs[i];
@@ -240,9 +299,7 @@ int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, blad
         spec_draft_job *j = &jobs[d->job_of[b]];
         j->seq->n_computed += d->batch[b].n_tokens;
         if (d->batch[b].n_logits) {
-            int32_t t = blade_argmax(d->logits + (size_t)b * n_vocab, n_vocab);
-            if (t >= 0)
-                j->out[j->n_out++] = t;
+            push_draft(d, j, d->job_of[b], d->logits + (size_t)b * n_vocab, calib);
             if (j->k > k_max)
                 k_max = j->k;
         }
@@ -253,9 +310,10 @@ int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, blad
         for (int32_t i = 0; i < n_jobs; i++) {
             spec_draft_job *j = &jobs[i];
             spec_draft_seq *s = j->seq;
-            if (j->n_out != step || j->k <= step)
+            if (j->n_out != step || j->k <= step || d->alive[i] < j->stop_below)
                 continue;
-            d->pos_token[n] = j->out[step - 1];
+            int32_t last = j->tokens[j->n_tokens + step - 1];
+            d->pos_token[n] = last;
             d->job_of[n] = i;
             d->batch[n] = (blade_batch_seq){
                 .tokens = &d->pos_token[n],
@@ -266,7 +324,7 @@ int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, blad
                 .n_logits = 1,
                 .logits = d->logits + (size_t)n * n_vocab,
             };
-            s->fed[s->n_fed++] = j->out[step - 1];
+            s->fed[s->n_fed++] = last;
             n++;
         }
         if (n == 0)
@@ -275,12 +333,8 @@ int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, blad
             fail_all(d, jobs, n_jobs);
             return -1;
         }
-        for (int32_t b = 0; b < n; b++) {
-            spec_draft_job *j = &jobs[d->job_of[b]];
-            int32_t t = blade_argmax(d->logits + (size_t)b * n_vocab, n_vocab);
-            if (t >= 0)
-                j->out[j->n_out++] = t;
-        }
+        for (int32_t b = 0; b < n; b++)
+            push_draft(d, &jobs[d->job_of[b]], d->job_of[b], d->logits + (size_t)b * n_vocab, calib);
     }
     return 0;
 }

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "blade/spec.h"
+#include "engine/spec_policy.h"
 
 typedef struct spec_draft spec_draft;
 
@@ -36,11 +37,17 @@ typedef struct spec_draft_seq {
 /* One sequence to draft for this step. */
 typedef struct spec_draft_job {
     spec_draft_seq *seq;
-    const int32_t *tokens; /* the sequence's real tokens */
+    /* the sequence's real tokens, then room for k drafts, which are written there (prompt
+     * lookup reads the tokens and the drafts before the one it proposes as one text) */
+    int32_t *tokens;
     int32_t n_tokens;
-    int32_t k;             /* drafts wanted */
-    int32_t *out;          /* room for k */
+    int32_t k;             /* most drafts wanted */
+    /* drafting stops once the estimated chance that every draft so far is kept falls
+     * below this (0: never; the drafts then run to k) */
+    double stop_below;
     int32_t n_out;         /* drafts proposed (0: none this step) */
+    float conf[BLADE_SPEC_MAX_K];    /* each draft's probability under the draft model's own choice */
+    uint8_t source[BLADE_SPEC_MAX_K]; /* each draft's spec_source */
 } spec_draft_job;
 
 /* Refuses a draft whose vocabulary is not the target's (size, special ids, every token's
@@ -66,10 +73,16 @@ void spec_draft_seq_init(spec_draft *d, spec_draft_seq *s);
 void spec_draft_seq_release(spec_draft *d, spec_draft_seq *s);
 void spec_draft_seq_destroy(spec_draft_seq *s);
 
-/* Drafts for every job in as few ragged calls as the longest k needs. A job whose catch-up
+/* Lets prompt lookup over n-grams of n_min..n_max tokens (spec.h) compete with the draft
+ * model for each draft: where the two differ, the one the calibration rates likelier to be
+ * kept goes into the draft, and the model is fed it. n_min 0 turns lookup off. */
+void spec_draft_set_lookup(spec_draft *d, int32_t n_min, int32_t n_max);
+
+/* Drafts for every job in as few ragged calls as the longest k needs, with calib rating
+ * each draft for the jobs' stop_below. A job whose catch-up
  * does not fit in this step's token budget is caught up partly and drafts nothing; a job
  * whose draft KV cannot be had, or whose positions run past the draft's context, drafts
  * nothing. Returns 0, or -1 with err set when the runner failed (no job then drafts). */
-int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, blade_error *err);
+int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, const spec_calib *calib, blade_error *err);
 
 #endif

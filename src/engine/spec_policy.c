@@ -17,6 +17,7 @@ void blade_spec_config_default(blade_spec_config *c)
     c->ngram_min = 2;
     c->ngram_max = 4;
     c->self_type = BLADE_SPEC_SELF_OWN;
+    c->draft_lookup = true;
     c->adaptive = true;
 }
 
@@ -67,6 +68,51 @@ double spec_accept_rate(const spec_accept *a)
     return a->trials > 0 ? a->hits / a->trials : 0;
 }
 
+/* Decay per verified draft of a band: about the last hundred count. The prior weighs as
+ * four drafts. */
+#define CALIB_DECAY 0.99
+#define CALIB_PRIOR_TRIALS 4.0
+
+void spec_calib_init(spec_calib *c)
+{
+    for (int s = 0; s < SPEC_SOURCES; s++)
+        for (int b = 0; b < SPEC_CONF_BANDS; b++) {
+            double mid = (b + 0.5) / SPEC_CONF_BANDS;
+            double prior = s == SPEC_FROM_MODEL ? mid : s == SPEC_FROM_BOTH ? 0.5 + 0.5 * mid : 0.5;
+            c->hits[s][b] = prior * CALIB_PRIOR_TRIALS;
+            c->trials[s][b] = CALIB_PRIOR_TRIALS;
+        }
+}
+
+int32_t spec_calib_band(float conf)
+{
+    int32_t b = (int32_t)(conf * SPEC_CONF_BANDS);
+    return b < 0 || conf != conf ? 0 : b >= SPEC_CONF_BANDS ? SPEC_CONF_BANDS - 1 : b;
+}
+
+double spec_calib_rate(const spec_calib *c, spec_source s, float conf)
+{
+    int32_t b = spec_calib_band(conf);
+    return c->hits[s][b] / c->trials[s][b];
+}
+
+void spec_calib_update(spec_calib *c, spec_source s, float conf, bool kept)
+{
+    int32_t b = spec_calib_band(conf);
+    c->hits[s][b] = CALIB_DECAY * c->hits[s][b] + kept;
+    c->trials[s][b] = CALIB_DECAY * c->trials[s][b] + 1;
+}
+
+double spec_calib_best(const spec_calib *c)
+{
+    double best = 0;
+    for (int s = 0; s < SPEC_SOURCES; s++)
+        for (int b = 0; b < SPEC_CONF_BANDS; b++)
+            if (c->hits[s][b] / c->trials[s][b] > best)
+                best = c->hits[s][b] / c->trials[s][b];
+    return best;
+}
+
 static double step_cost(const double *cost, int32_t n_cost, int32_t t)
 {
     if (t <= n_cost)
@@ -89,7 +135,7 @@ static int32_t likeliest_next(const spec_cand *c, int32_t n, double *gain)
     for (int32_t i = 0; i < n; i++) {
         if (c[i].k >= c[i].k_max)
             continue;
-        double g = pow(c[i].alpha, c[i].k + 1);
+        double g = c[i].gain ? c[i].gain[c[i].k] : pow(c[i].alpha, c[i].k + 1);
         if (g > *gain) {
             *gain = g;
             best = i;
@@ -132,6 +178,46 @@ void spec_policy_choose(const double *cost, int32_t n_cost, double base_value, i
     }
 }
 
+/* A step this much slower than its size's usual compute-bound time waited on memory: far
+ * above the few percent steps of one size vary by while memory holds still, and below
+ * the 1.4x by which a slow spell of memory stretched five-token Q4_0 steps here. */
+#define MEMORY_BOUND_MARGIN 1.3
+/* Both times follow the last few steps that show them. */
+#define CURVE_DECAY 0.7
+/* cost[T] = max(1, busy[T] / memory time), made non-decreasing from the right as
+ * spec_measure_cost makes its curve. */
+static void curve_update(spec_curve *c)
+{
+    c->cost[0] = 0;
+    c->cost[1] = 1;
+    for (int32_t t = c->n; t >= 2; t--) {
+        double x = c->busy_ms[t] / c->mem_ms;
+        x = x > 1 ? x : 1;
+        c->cost[t] = t < c->n && c->cost[t + 1] < x ? c->cost[t + 1] : x;
+    }
+}
+
+void spec_curve_init(spec_curve *c, const double *cost, int32_t n, double one_ms)
+{
+    memset(c, 0, sizeof *c);
+    c->n = n;
+    c->mem_ms = one_ms;
+    for (int32_t t = 1; t <= n; t++)
+        c->busy_ms[t] = cost[t] * one_ms;
+    curve_update(c);
+}
+
+void spec_curve_observe(spec_curve *c, int32_t t, double ms)
+{
+    if (t < 1 || t > c->n || !(ms > 0))
+        return;
+    if (t == 1 || ms > MEMORY_BOUND_MARGIN * c->busy_ms[t])
+        c->mem_ms = CURVE_DECAY * c->mem_ms + (1 - CURVE_DECAY) * ms;
+    else
+        c->busy_ms[t] = CURVE_DECAY * c->busy_ms[t] + (1 - CURVE_DECAY) * ms;
+    curve_update(c);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -143,7 +229,7 @@ static int cmp_double(const void *a, const void *b)
  * a median of five still let a slow spell through (a Q8_0 run whose startup curve had a
  * 4-token step at 1.76x, against 1.08-1.14x measured apart, drafted less all run and ended
  * at 1.80x against 1.90-2.01x; MEASURED.md). */
-#define MEASURE_REPS 7
+#define MEASURE_REPS 15
 
 int spec_measure_cost(blade_runner *r, int32_t n_vocab, int32_t store_blocks, int32_t block_size, double *cost,
                       int32_t n_cost, double *one_step_s)

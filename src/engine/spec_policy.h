@@ -11,7 +11,9 @@
  * speculation backs off by itself. The cost curve is measured at engine start. */
 
 #include "blade/runner.h"
+#include "blade/spec.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* Drafts accepted / drafts that could have been, decayed so a sequence whose text stops
@@ -25,8 +27,44 @@ void spec_accept_init(spec_accept *a);
 void spec_accept_update(spec_accept *a, int32_t drafted, int32_t accepted);
 double spec_accept_rate(const spec_accept *a);
 
+/* What a model drafter's confidence says about acceptance. A drafted token comes with the
+ * drafter's probability for it and where it came from (the model alone, prompt lookup
+ * agreeing with the model, or lookup chosen over a model that was unsure); the calibration
+ * keeps, per source and band of that probability, how often such drafts were kept,
+ * decayed so it follows the traffic. On stories260K-draft against its inflated Q4_0
+ * target, drafts the model gave 0.9 or more were kept 99% of the time and drafts it gave
+ * 0.1-0.3 about 37% (MEASURED.md): one rate per sequence cannot tell those apart, so
+ * drafting goes on while the drafts are sure and stops at the first doubtful one. */
+typedef enum spec_source {
+    SPEC_FROM_MODEL,  /* the draft model's choice, no lookup candidate */
+    SPEC_FROM_BOTH,   /* the model's choice, which prompt lookup also proposed */
+    SPEC_FROM_LOOKUP, /* prompt lookup's choice, where the model chose otherwise */
+    SPEC_SOURCES
+} spec_source;
+
+#define SPEC_CONF_BANDS 10
+
+typedef struct spec_calib {
+    double hits[SPEC_SOURCES][SPEC_CONF_BANDS], trials[SPEC_SOURCES][SPEC_CONF_BANDS];
+} spec_calib;
+
+/* Priors: a model draft is kept about as often as the model believes, one prompt lookup
+ * agrees with a little more often, lookup against the model's choice half the time. */
+void spec_calib_init(spec_calib *c);
+int32_t spec_calib_band(float conf);
+/* The estimated chance that a draft of this source and confidence is kept. */
+double spec_calib_rate(const spec_calib *c, spec_source s, float conf);
+/* One verified draft (only drafts up to and including the first rejected one are). */
+void spec_calib_update(spec_calib *c, spec_source s, float conf, bool kept);
+/* The highest rate of any source and band: what drafts can at best be worth before they
+ * are made. */
+double spec_calib_best(const spec_calib *c);
+
 typedef struct spec_cand {
     double alpha;  /* per-draft acceptance estimate */
+    /* NULL, or the made drafts' chances that they and all before them are kept (gain[j]
+     * for draft j): these then replace alpha^(j+1), and k_max is how many were made */
+    const double *gain;
     int32_t k_max; /* most drafts it may verify */
     int32_t k;     /* chosen */
 } spec_cand;
@@ -39,6 +77,27 @@ typedef struct spec_cand {
  * the step keeps the prefix of that order with the most expected tokens per unit of cost. */
 void spec_policy_choose(const double *cost, int32_t n_cost, double base_value, int32_t base_tokens, double draft_cost,
                         spec_cand *c, int32_t n);
+
+/* The verify-cost curve as the machine is now. A one-token step streams the weights and is
+ * memory-bound; a step of more tokens adds arithmetic that hides under that stream until
+ * it outgrows it, so a step of T tokens takes about max(memory time, its compute time). On
+ * a host whose memory bandwidth moves with other work a curve measured once goes wrong:
+ * here a one-token Q4_0 step took 9.2 ms in one minute and 16 ms a few minutes later, when
+ * steps of up to six tokens cost no more than one (MEASURED.md). So the curve follows live
+ * steps: each size's usual time when arithmetic bounds it (busy), and the one-token step's
+ * (memory) from one-token steps and from steps far slower than their busy time, and gives
+ * cost[T] = max(1, busy[T] / memory). */
+typedef struct spec_curve {
+    int32_t n; /* sizes 1..n */
+    double busy_ms[BLADE_SPEC_MAX_K + 2];
+    double mem_ms;
+    double cost[BLADE_SPEC_MAX_K + 2];
+} spec_curve;
+
+/* From a measured curve (cost[1..n], made by spec_measure_cost) and its one-token step. */
+void spec_curve_init(spec_curve *c, const double *cost, int32_t n, double one_ms);
+/* A live step of one sequence with t new tokens took ms; cost[] follows. */
+void spec_curve_observe(spec_curve *c, int32_t t, double ms);
 
 /* Measures cost[1..n_cost] with the runner: steps of T tokens for one sequence after a
  * short context, in blocks 0.. of its store (no sequence may hold them yet), the fastest

@@ -297,12 +297,12 @@ static int32_t draft_room(const blade_engine *e, const request_state *r)
     return room < sc->k ? room : sc->k;
 }
 
-/* The policy's k for every sequence that may speculate: what the step computes anyway
- * (its decodes, and the prefill it will take up to the budget) sets what drafts cost and
- * what they must beat. */
-static void choose_k(blade_engine *e)
+/* The work a step does without drafts: its decodes, and the prefill it will take up to the
+ * budget (a prefill token is as useful as a decoded one). It sets what drafts cost and what
+ * they must beat. */
+static int32_t step_work(const blade_engine *e)
 {
-    int32_t n = 0, decodes = 0;
+    int32_t decodes = 0;
     int64_t pending = 0;
     for (request_state *r = e->live; r; r = r->next_live) {
         int32_t need = r->seq.n_tokens - r->seq.n_computed;
@@ -310,39 +310,88 @@ static void choose_k(blade_engine *e)
             decodes++;
         else if (r->seq.state != BLADE_SEQ_FINISHED)
             pending += need;
+    }
+    int64_t budget = e->cfg.sched.max_batch_tokens, base = decodes + pending;
+    return (int32_t)(base < budget ? base : budget);
+}
+
+/* The policy's k for every sequence that may speculate, from its acceptance so far. */
+static void choose_k(blade_engine *e)
+{
+    int32_t n = 0;
+    for (request_state *r = e->live; r; r = r->next_live)
         if (r->spec_k > 0 && n < e->cfg.sched.max_seqs) {
             e->cands[n] = (spec_cand){.alpha = spec_accept_rate(&r->accept), .k_max = r->spec_k};
             e->cand_owner[n++] = r;
         }
-    }
-    /* a prefill token is work the step does anyway, as useful as a decoded one */
-    int64_t budget = e->cfg.sched.max_batch_tokens, base = decodes + pending;
-    int32_t work = (int32_t)(base < budget ? base : budget);
-    spec_policy_choose(e->spec_cost, e->n_spec_cost, work, work, e->draft_cost, e->cands, n);
+    int32_t work = step_work(e);
+    spec_policy_choose(e->curve.cost, e->curve.n, work, work, e->draft_cost, e->cands, n);
     for (int32_t i = 0; i < n; i++)
         e->cand_owner[i]->spec_k = e->cands[i].k;
 }
 
-/* The draft model drafts for all speculating sequences together. A preempted sequence
- * gives its draft KV back: it may wait long, and others can use the room meanwhile. */
+/* Once a drafting model's drafts are made and rated: how many of each sequence's the step
+ * verifies, handed out as before but by each draft's own chance of being kept (the
+ * drafting itself is paid by then). */
+static void trim_drafts(blade_engine *e, int32_t n_jobs)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < n_jobs; i++) {
+        const spec_draft_job *j = &e->draft_jobs[i];
+        if (j->n_out == 0)
+            continue;
+        double *gain = e->spec_gain + (size_t)n * BLADE_SPEC_MAX_K, alive = 1;
+        for (int32_t d = 0; d < j->n_out; d++) {
+            alive *= spec_calib_rate(&e->calib, (spec_source)j->source[d], j->conf[d]);
+            gain[d] = alive;
+        }
+        e->cands[n] = (spec_cand){.gain = gain, .k_max = j->n_out};
+        e->cand_owner[n++] = e->draft_owner[i];
+    }
+    int32_t work = step_work(e);
+    spec_policy_choose(e->curve.cost, e->curve.n, work, work, 0, e->cands, n);
+    for (int32_t i = 0; i < n; i++)
+        e->cand_owner[i]->seq.n_draft = e->cands[i].k;
+}
+
+/* Drafting stops once every draft so far being kept is less likely than this: such a
+ * draft is worth a tenth of a token, and on a flat verify curve (Q8_0 on AVX-512) that
+ * still pays for itself and its draft-model call, so only drafts below it are never made. */
+#define DRAFT_STOP_BELOW 0.1
+
+/* The draft model drafts for all speculating sequences together: each sequence the policy
+ * lets speculate drafts as far as its room, unless it stops at a doubtful draft first, and
+ * trim_drafts then keeps what the drafts' ratings make worth verifying. A preempted
+ * sequence gives its draft KV back: it may wait long, and others can use the room
+ * meanwhile. */
 static void propose_with_draft_model(blade_engine *e)
 {
     int32_t n = 0;
+    /* a draft must also be worth its call of the draft model */
+    double stop_below = DRAFT_STOP_BELOW > 2 * e->draft_cost ? DRAFT_STOP_BELOW : 2 * e->draft_cost;
     for (request_state *r = e->live; r; r = r->next_live) {
         if (r->seq.state == BLADE_SEQ_WAITING && r->draft.kv.n_blocks)
             spec_draft_seq_release(e->draft, &r->draft);
         if (r->spec_k > 0 && n < e->cfg.sched.max_seqs) {
             e->draft_owner[n] = r;
             e->draft_jobs[n++] = (spec_draft_job){.seq = &r->draft, .tokens = r->tokens,
-                                                  .n_tokens = r->seq.n_tokens, .k = r->spec_k,
-                                                  .out = r->tokens + r->seq.n_tokens};
+                                                  .n_tokens = r->seq.n_tokens,
+                                                  .k = e->adaptive ? draft_room(e, r) : r->spec_k,
+                                                  .stop_below = e->adaptive ? stop_below : 0};
         }
     }
     blade_error err = {{0}};
     /* a failed draft call costs only this step's speculation; the target's step goes on */
-    spec_draft_propose(e->draft, e->draft_jobs, n, &err);
-    for (int32_t i = 0; i < n; i++)
-        e->draft_owner[i]->seq.n_draft = e->draft_jobs[i].n_out;
+    spec_draft_propose(e->draft, e->draft_jobs, n, &e->calib, &err);
+    for (int32_t i = 0; i < n; i++) {
+        request_state *r = e->draft_owner[i];
+        const spec_draft_job *j = &e->draft_jobs[i];
+        r->seq.n_draft = j->n_out;
+        memcpy(r->spec_conf, j->conf, (size_t)j->n_out * sizeof *j->conf);
+        memcpy(r->spec_source, j->source, (size_t)j->n_out * sizeof *j->source);
+    }
+    if (e->adaptive)
+        trim_drafts(e, n);
 }
 
 /* Puts each speculating sequence's drafts after its last token, where the plan finds them. */
@@ -389,6 +438,10 @@ static void verify_drafts(blade_engine *e, blade_sched_plan *plan)
         e->spec_accepted_tokens += (uint64_t)it->n_accepted;
         e->spec_accept_hist[it->n_accepted]++;
         spec_accept_update(&r->accept, it->n_draft, it->n_accepted);
+        /* the drafts up to the first rejected one are what verification has judged */
+        if (e->draft)
+            for (int32_t d = 0; d < it->n_draft && d <= it->n_accepted; d++)
+                spec_calib_update(&e->calib, (spec_source)r->spec_source[d], r->spec_conf[d], d < it->n_accepted);
     }
 }
 
@@ -515,7 +568,11 @@ static void run_step(blade_engine *e)
     /* forward */
     blade_error err = {{0}};
     pthread_mutex_unlock(&e->kv_mu);
+    double t0 = blade_clock_seconds();
     int failed = blade_runner_forward(e->runner, e->batch, plan.n_items, &err);
+    /* one sequence's step is a point of the verify-cost curve as the machine is now */
+    if (!failed && e->curve_live && plan.n_items == 1)
+        spec_curve_observe(&e->curve, plan.items[0].n_tokens, (blade_clock_seconds() - t0) * 1e3);
     pthread_mutex_lock(&e->kv_mu);
     if (failed) {
         for (int32_t i = 0; i < plan.n_items; i++)
