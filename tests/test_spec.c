@@ -869,27 +869,46 @@ static void test_live_curve(void **state)
     assert_memory_equal(&before, &c, sizeof c);
 }
 
-/* The adaptive engine with a given cost curve: where a verify costs a step per token, it
- * drafts nothing; where it is free, it drafts; the output is plain decoding's either way. */
-static void test_adaptive_engine_backs_off(void **state)
+/* The adaptive engine: with prompt lookup and a given curve, where a verify costs a step
+ * per token it drafts nothing and where it is free it drafts; with the draft model, drafts
+ * stop at a doubtful one and each step verifies what their ratings make worth it, with a
+ * given free verify and with the curve measured at start and followed through the run.
+ * The output is plain decoding's whatever the policy does. */
+static void test_adaptive_engine(void **state)
 {
     (void)state;
+    static const struct {
+        blade_spec_mode mode;
+        double verify_per_token; /* given curve: cost[T] = 1 + this * (T - 1); < 0: measured */
+        const char *what;
+    } runs[] = {
+        {BLADE_SPEC_NGRAM, 1, "n-gram, dear verify"},
+        {BLADE_SPEC_NGRAM, 0, "n-gram, free verify"},
+        {BLADE_SPEC_DRAFT, 0, "draft model, free verify"},
+        {BLADE_SPEC_DRAFT, -1, "draft model, measured curve"},
+    };
     blade_model *m = load_stories();
     int32_t nv = m->hp.n_vocab;
     job *jobs = make_jobs(m);
     result ref[N_PROMPTS];
     run_plain(m, jobs, N_PROMPTS, ref);
-    for (int flat = 0; flat < 2; flat++) {
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         blade_engine_config cfg;
         blade_engine_config_default(&cfg);
         cfg.n_threads = 2;
         cfg.kv_mem_bytes = 8 << 20;
         cfg.check_invariants = true;
-        cfg.spec.mode = BLADE_SPEC_NGRAM;
+        cfg.spec.mode = runs[r].mode;
         cfg.spec.ngram_min = 1;
         cfg.spec.k = 6;
-        for (int t = 1; t <= cfg.spec.k + 1; t++)
-            cfg.spec.verify_cost[t] = flat ? 1.0 : t;
+        if (runs[r].mode == BLADE_SPEC_DRAFT)
+            cfg.spec.draft_model_path = draft_path();
+        for (int t = 1; t <= cfg.spec.k + 1 && runs[r].verify_per_token >= 0; t++)
+            cfg.spec.verify_cost[t] = 1 + runs[r].verify_per_token * (t - 1);
+        /* the draft has the target's size here: with a given curve, as if it were as cheap as
+         * a real one */
+        if (runs[r].mode == BLADE_SPEC_DRAFT && runs[r].verify_per_token >= 0)
+            cfg.spec.draft_cost = 0.02;
         blade_error err = {{0}};
         blade_engine *e = blade_engine_new(m, &cfg, &err);
         if (!e)
@@ -898,70 +917,20 @@ static void test_adaptive_engine_backs_off(void **state)
         run_all(e, jobs, N_PROMPTS, got, nv, false);
         for (int i = 0; i < N_PROMPTS; i++) {
             if (jobs[i].temperature == 0)
-                assert_same(&ref[i], &got[i], i, flat ? "adaptive, free verify" : "adaptive, dear verify");
+                assert_same(&ref[i], &got[i], i, runs[r].what);
             test_record_free(&got[i]);
         }
         blade_engine_stats st;
         blade_engine_stats_get(e, &st);
-        print_message("%s verify: %llu drafts, %llu accepted\n", flat ? "free" : "dear",
+        print_message("adaptive, %s: %llu drafts, %llu accepted\n", runs[r].what,
                       (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_accepted_tokens);
-        if (flat)
-            assert_true(st.spec_accepted_tokens > 0);
-        else
+        if (runs[r].verify_per_token == 1) {
             assert_int_equal(st.spec_draft_tokens, 0);
-        assert_clean(e, "adaptive");
-        blade_engine_free(e, true);
-    }
-    free_results(ref, N_PROMPTS);
-    free(jobs);
-    blade_model_free(m);
-}
-
-/* The adaptive engine with the draft model: drafts stop at a doubtful one and each step
- * verifies what their ratings make worth it, with a given free verify and with the curve
- * measured at start and followed through the run (whatever that makes the policy do, the
- * output is plain decoding's). */
-static void test_adaptive_draft_model(void **state)
-{
-    (void)state;
-    blade_model *m = load_stories();
-    int32_t nv = m->hp.n_vocab;
-    job *jobs = make_jobs(m);
-    result ref[N_PROMPTS];
-    run_plain(m, jobs, N_PROMPTS, ref);
-    for (int measured = 0; measured < 2; measured++) {
-        blade_engine_config cfg;
-        blade_engine_config_default(&cfg);
-        cfg.n_threads = 2;
-        cfg.kv_mem_bytes = 8 << 20;
-        cfg.check_invariants = true;
-        cfg.spec.mode = BLADE_SPEC_DRAFT;
-        cfg.spec.draft_model_path = draft_path();
-        cfg.spec.k = 6;
-        for (int t = 1; t <= cfg.spec.k + 1 && !measured; t++)
-            cfg.spec.verify_cost[t] = 1.0;
-        /* the draft has the target's size here: as if it were as cheap as a real one */
-        cfg.spec.draft_cost = measured ? 0 : 0.02;
-        blade_error err = {{0}};
-        blade_engine *e = blade_engine_new(m, &cfg, &err);
-        if (!e)
-            fail_msg("%s", err.msg);
-        result got[N_PROMPTS];
-        run_all(e, jobs, N_PROMPTS, got, nv, false);
-        for (int i = 0; i < N_PROMPTS; i++) {
-            if (jobs[i].temperature == 0)
-                assert_same(&ref[i], &got[i], i, measured ? "adaptive draft, measured curve" : "adaptive draft");
-            test_record_free(&got[i]);
-        }
-        blade_engine_stats st;
-        blade_engine_stats_get(e, &st);
-        print_message("adaptive draft model, %s curve: %llu drafts, %llu accepted\n", measured ? "measured" : "free",
-                      (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_accepted_tokens);
-        if (!measured) {
+        } else if (runs[r].verify_per_token == 0) {
             assert_true(st.spec_accepted_tokens > 0);
             assert_true(st.spec_accepted_tokens < st.spec_draft_tokens);
         }
-        assert_clean(e, "adaptive draft");
+        assert_clean(e, runs[r].what);
         blade_engine_free(e, true);
     }
     free_results(ref, N_PROMPTS);
@@ -1015,8 +984,7 @@ int main(void)
         cmocka_unit_test(test_policy),
         cmocka_unit_test(test_calibration),
         cmocka_unit_test(test_live_curve),
-        cmocka_unit_test(test_adaptive_engine_backs_off),
-        cmocka_unit_test(test_adaptive_draft_model),
+        cmocka_unit_test(test_adaptive_engine),
         cmocka_unit_test(test_prefix_cache_holds_no_rejected_token),
         cmocka_unit_test(test_stop_inside_accepted_run),
         cmocka_unit_test(test_rejects_bad_config),
