@@ -86,8 +86,10 @@ void spec_calib_init(spec_calib *c)
 
 int32_t spec_calib_band(float conf)
 {
-    int32_t b = (int32_t)(conf * SPEC_CONF_BANDS);
-    return b < 0 || conf != conf ? 0 : b >= SPEC_CONF_BANDS ? SPEC_CONF_BANDS - 1 : b;
+    /* checked as a float: NaN or a huge value converted to an integer is undefined */
+    if (!(conf > 0))
+        return 0;
+    return conf >= 1 ? SPEC_CONF_BANDS - 1 : (int32_t)(conf * SPEC_CONF_BANDS);
 }
 
 double spec_calib_rate(const spec_calib *c, spec_source s, float conf)
@@ -101,16 +103,6 @@ void spec_calib_update(spec_calib *c, spec_source s, float conf, bool kept)
     int32_t b = spec_calib_band(conf);
     c->hits[s][b] = CALIB_DECAY * c->hits[s][b] + kept;
     c->trials[s][b] = CALIB_DECAY * c->trials[s][b] + 1;
-}
-
-double spec_calib_best(const spec_calib *c)
-{
-    double best = 0;
-    for (int s = 0; s < SPEC_SOURCES; s++)
-        for (int b = 0; b < SPEC_CONF_BANDS; b++)
-            if (c->hits[s][b] / c->trials[s][b] > best)
-                best = c->hits[s][b] / c->trials[s][b];
-    return best;
 }
 
 static double step_cost(const double *cost, int32_t n_cost, int32_t t)
@@ -184,17 +176,26 @@ void spec_policy_choose(const double *cost, int32_t n_cost, double base_value, i
 #define MEMORY_BOUND_MARGIN 1.3
 /* Both times follow the last few steps that show them. */
 #define CURVE_DECAY 0.7
-/* cost[T] = max(1, busy[T] / memory time), made non-decreasing from the right as
- * spec_measure_cost makes its curve. */
+/* cost[2..n] from each size's measured ratio to one token (in place): at least 1, and
+ * non-decreasing, made so from the right, since a step of more tokens never costs less:
+ * one slow point must not raise every point after it (that hid k = 3 and 4 behind a T = 3
+ * outlier on a shared machine); the lowest later point bounds it. */
+static void settle_curve(double *cost, int32_t n)
+{
+    cost[0] = 0;
+    cost[1] = 1;
+    for (int32_t t = n; t >= 2; t--) {
+        double x = cost[t] > 1 ? cost[t] : 1;
+        cost[t] = t < n && cost[t + 1] < x ? cost[t + 1] : x;
+    }
+}
+
+/* cost[T] = max(1, busy[T] / memory time), settled as spec_measure_cost's curve is. */
 static void curve_update(spec_curve *c)
 {
-    c->cost[0] = 0;
-    c->cost[1] = 1;
-    for (int32_t t = c->n; t >= 2; t--) {
-        double x = c->busy_ms[t] / c->mem_ms;
-        x = x > 1 ? x : 1;
-        c->cost[t] = t < c->n && c->cost[t + 1] < x ? c->cost[t + 1] : x;
-    }
+    for (int32_t t = 2; t <= c->n; t++)
+        c->cost[t] = c->busy_ms[t] / c->mem_ms;
+    settle_curve(c->cost, c->n);
 }
 
 void spec_curve_init(spec_curve *c, const double *cost, int32_t n, double one_ms)
@@ -225,10 +226,12 @@ static int cmp_double(const void *a, const void *b)
 }
 
 #define MEASURE_CTX 32
-/* Each size's fastest of seven: other work on the machine only ever slows a timed step, and
- * a median of five still let a slow spell through (a Q8_0 run whose startup curve had a
- * 4-token step at 1.76x, against 1.08-1.14x measured apart, drafted less all run and ended
- * at 1.80x against 1.90-2.01x; MEASURED.md). */
+/* Each size's fastest of fifteen: other work on the machine only ever slows a timed step.
+ * A median of five let a slow spell through (a Q8_0 run whose startup curve had a 4-token
+ * step at 1.76x, against 1.08-1.14x measured apart, drafted less all run and ended at 1.80x
+ * against 1.90-2.01x; MEASURED.md), and the fastest of seven still read Q4_0's 3-token step
+ * at 1.39-1.55x in engines started a minute apart, where the same measurement run on its own
+ * read 1.19-1.27x. */
 #define MEASURE_REPS 15
 
 int spec_measure_cost(blade_runner *r, int32_t n_vocab, int32_t store_blocks, int32_t block_size, double *cost,
@@ -270,16 +273,9 @@ int spec_measure_cost(blade_runner *r, int32_t n_vocab, int32_t store_blocks, in
         qsort(t + (size_t)n * MEASURE_REPS, MEASURE_REPS, sizeof *t, cmp_double);
     double one = t[MEASURE_REPS];
     *one_step_s = one;
-    /* A step of more tokens never costs less, so the curve is made non-decreasing, from
-     * the right: one slow point must not raise every point after it (that hid k = 3 and 4
-     * behind a T = 3 outlier on a shared machine); the lowest later point bounds it. */
-    cost[0] = 0;
-    cost[1] = 1.0;
-    for (int32_t n = n_cost; n >= 2; n--) {
-        double c = t[(size_t)n * MEASURE_REPS] / (one > 0 ? one : 1);
-        c = c > 1.0 ? c : 1.0;
-        cost[n] = n < n_cost && cost[n + 1] < c ? cost[n + 1] : c;
-    }
+    for (int32_t n = 2; n <= n_cost; n++)
+        cost[n] = t[(size_t)n * MEASURE_REPS] / (one > 0 ? one : 1);
+    settle_curve(cost, n_cost);
     rc = 0;
 out:
     free(blocks);

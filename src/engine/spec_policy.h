@@ -56,9 +56,6 @@ int32_t spec_calib_band(float conf);
 double spec_calib_rate(const spec_calib *c, spec_source s, float conf);
 /* One verified draft (only drafts up to and including the first rejected one are). */
 void spec_calib_update(spec_calib *c, spec_source s, float conf, bool kept);
-/* The highest rate of any source and band: what drafts can at best be worth before they
- * are made. */
-double spec_calib_best(const spec_calib *c);
 
 typedef struct spec_cand {
     double alpha;  /* per-draft acceptance estimate */
