@@ -335,10 +335,16 @@ static void check_bit_identical(const engine_shape *shapes, size_t n_shapes)
         assert_true(st.spec_accepted_tokens < st.spec_draft_tokens);
         if (sh->kv_blocks < 100)
             assert_true(st.preemptions > 0);
-        uint64_t hist = 0;
-        for (int j = 0; j <= BLADE_SPEC_MAX_K; j++)
-            hist += st.spec_accept_hist[j] * (uint64_t)j;
-        assert_int_equal(hist, st.spec_accepted_tokens);
+        uint64_t accepted = 0, drafted = 0, verifies = 0;
+        for (int j = 0; j <= BLADE_SPEC_MAX_K; j++) {
+            accepted += st.spec_accept_hist[j] * (uint64_t)j;
+            drafted += st.spec_draft_hist[j] * (uint64_t)j;
+            verifies += st.spec_draft_hist[j];
+        }
+        assert_int_equal(accepted, st.spec_accepted_tokens);
+        assert_int_equal(drafted, st.spec_draft_tokens);
+        assert_int_equal(verifies, st.spec_verifies);
+        assert_int_equal(st.spec_draft_hist[0], 0);
         assert_clean(e, what);
         blade_engine_free(e, true);
     }

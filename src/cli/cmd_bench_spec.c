@@ -3,8 +3,9 @@
  * of one, and a long chunk's cost per token: the compute per byte that speculation lives
  * on), then greedy decoding of the same prompts with each drafter, the configurations
  * taking turns prompt by prompt so that a machine shared with other work slows all of them
- * alike: single-stream decode tokens/s, acceptance, mean accepted length and mean k, and
- * the aggregate tokens/s of many concurrent streams. */
+ * alike: single-stream decode tokens/s, the speed-up the curve predicts from each run's own
+ * acceptance, acceptance, mean accepted length and mean k, and the aggregate tokens/s of
+ * many concurrent streams. */
 
 #include "blade/engine.h"
 #include "blade/kv_store.h"
@@ -148,6 +149,29 @@ typedef struct mode_result {
     blade_engine_stats multi;  /* statistics after the concurrent rounds */
 } mode_result;
 
+/* Cost of a step of T new tokens in units of a one-token step, from the measured curve
+ * (ms[1..CURVE_MAX]); beyond it, the last measured slope goes on. */
+static double step_cost(const double *ms, int T)
+{
+    if (T <= CURVE_MAX)
+        return ms[T] / ms[1];
+    return (ms[CURVE_MAX] + (ms[CURVE_MAX] - ms[CURVE_MAX - 1]) * (T - CURVE_MAX)) / ms[1];
+}
+
+/* The speed-up over plain decode that the curve and a run's own acceptance predict: its
+ * decode tokens over what their steps cost, a step without drafts 1 and a verify of k
+ * drafts step_cost(k + 1). The drafter's own time is left out, so the gap between this
+ * and the measured speed-up is what drafting and the engine's other work cost. */
+static double predicted_speedup(const double *ms, const blade_engine_stats *st, int64_t decode_tokens)
+{
+    double cost = (double)decode_tokens - (double)(st->spec_accepted_tokens + st->spec_verifies);
+    if (cost < 0)
+        cost = 0;
+    for (int k = 1; k <= BLADE_SPEC_MAX_K; k++)
+        cost += (double)st->spec_draft_hist[k] * step_cost(ms, k + 1);
+    return cost > 0 ? (double)decode_tokens / cost : 1.0;
+}
+
 typedef struct bench_spec_options {
     const char *model, *text;
     long long n_prompts, prompt_len, n_gen, n_streams, rounds, reps;
@@ -198,7 +222,8 @@ const cli_command cli_cmd_bench_spec = {
     .synopsis = "-m MODEL [--draft-model FILE] [options] [engine options]",
     .about = "Speculative decoding measured in one run: the verify-cost curve, then greedy decoding of the same\n"
              "prompts (cut from a text) without speculation, with n-gram lookup, self-draft (--self-layers) and\n"
-             "the draft model, taking turns: single-stream decode tokens/s and each ratio to plain, acceptance\n"
+             "the draft model, taking turns: single-stream decode tokens/s and each ratio to plain, the ratio\n"
+             "the curve predicts from the run's own acceptance (the drafter's time left out), acceptance\n"
              "rate, mean accepted length (tokens per verify step) and mean k, then the aggregate tokens/s of\n"
              "--streams concurrent streams. The KV memory defaults to 256M here.\n",
     .tables = (const cli_table[]){{bench_spec_flags, 0}, {cli_engine_flags, offsetof(bench_spec_options, engine)},
@@ -333,15 +358,17 @@ static int bench_spec_main(int argc, char **argv)
         for (int i = 0; i < n_modes; i++)
             blade_engine_stats_get(modes[i].e, &modes[i].multi);
     }
-    printf("\n| drafter | decode tok/s (1 stream) | vs plain | acceptance | mean accepted length | mean k |");
+    printf("\n| drafter | decode tok/s (1 stream) | vs plain | curve predicts | acceptance | mean accepted length | "
+           "mean k |");
     if (n_streams > 0)
         printf(" %lld streams tok/s | vs plain | drafts per token |", n_streams);
-    printf("\n|---|---|---|---|---|---|%s\n", n_streams > 0 ? "---|---|---|" : "");
+    printf("\n|---|---|---|---|---|---|---|%s\n", n_streams > 0 ? "---|---|---|" : "");
     double base1 = modes[0].decode_tokens / modes[0].decode_s, baseN = modes[0].multi_tokens / (modes[0].multi_s + 1e-12);
     for (int i = 0; i < n_modes; i++) {
         const blade_engine_stats *st = &modes[i].single;
         double tps = modes[i].decode_tokens / modes[i].decode_s;
-        printf("| %s | %.1f | %.2fx |", modes[i].name, tps, tps / base1);
+        printf("| %s | %.1f | %.2fx | %.2fx |", modes[i].name, tps, tps / base1,
+               predicted_speedup(curve, st, modes[i].decode_tokens));
         if (st->spec_verifies)
             printf(" %.1f%% | %.2f | %.2f |", 100.0 * st->spec_accepted_tokens / (double)st->spec_draft_tokens,
                    1.0 + (double)st->spec_accepted_tokens / (double)st->spec_verifies,

@@ -437,6 +437,7 @@ static void verify_drafts(blade_engine *e, blade_sched_plan *plan)
         e->spec_draft_tokens += (uint64_t)it->n_draft;
         e->spec_accepted_tokens += (uint64_t)it->n_accepted;
         e->spec_accept_hist[it->n_accepted]++;
+        e->spec_draft_hist[it->n_draft]++;
         spec_accept_update(&r->accept, it->n_draft, it->n_accepted);
         /* the drafts up to the first rejected one are what verification has judged */
         if (e->draft)
@@ -686,6 +687,7 @@ static void publish_stats(blade_engine *e)
     s->spec_draft_tokens = e->spec_draft_tokens;
     s->spec_accepted_tokens = e->spec_accepted_tokens;
     memcpy(s->spec_accept_hist, e->spec_accept_hist, sizeof s->spec_accept_hist);
+    memcpy(s->spec_draft_hist, e->spec_draft_hist, sizeof s->spec_draft_hist);
     memcpy(s->invariant_error, e->invariant_error, sizeof s->invariant_error);
     pthread_mutex_unlock(&e->mu);
 }
