@@ -402,7 +402,10 @@ TGT_Q INLINE void r16_blocks(bool q4, int T, bool stream, bool direct, const uin
     for (int64_t b = 0; b < nb; b++) {
         r16_w w;
         if (stream) {
-            prefetch_stream(group + b * bb, bb);
+            if (T == 1)
+                prefetch_stream(group + b * bb, bb);
+            else
+                prefetch_stream_by(group + b * bb, bb, STREAM_AHEAD_TILE);
             touch_stream(group + b * bb, bb, end);
         }
         r16_load(q4, q4 && T == 1, group + b * bb, &w);

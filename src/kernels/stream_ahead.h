@@ -25,6 +25,12 @@
  * measured alike, 7 KB and more slower. */
 #define TOUCH_PAGE ((uintptr_t)4096)
 #define STREAM_AHEAD ((uintptr_t)4608)
+/* A tile of several tokens (a speculative verify, a few sequences' decode) spends longer
+ * on each line and wants its prefetch twice as far ahead: Q4_0 tiles with it decoded 16
+ * sequences 1.09-1.19x as fast in each of five rounds of whole binaries taking turns, Q8_0
+ * four sequences 1.05-1.09x in six, the rest within what moving the code alone changes
+ * (MEASURED.md, stop 34). Three and four times as far measured no better. */
+#define STREAM_AHEAD_TILE (2 * STREAM_AHEAD)
 
 /* For the part [at, at + bytes) of a stream the caller is about to consume: for each page
  * that begins inside it, loads of its first `lines` cache lines in the page after that
@@ -47,14 +53,24 @@ static inline void touch_stream(const uint8_t *at, size_t bytes, const uint8_t *
     touch_stream_lines(at, bytes, end, 1);
 }
 
-/* Non-temporal prefetch of the cache lines that begin in [at, at + bytes) moved
- * STREAM_AHEAD on. Called for consecutive parts of a stream, it asks for every line once.
+/* Non-temporal prefetch of the cache lines that begin in [at, at + bytes) moved `ahead`
+ * bytes on (STREAM_AHEAD, or STREAM_AHEAD_TILE for a tile of several tokens). Called for consecutive parts of a stream, it asks for every line once.
  * It runs on past the rows of the call: a product hands a thread consecutive pieces of
  * its share (work_share.c), so the next piece usually starts where this one ends, and
  * stopping at the end of each piece made every piece start cold (decode's output
  * projection measured 3-5% slower that way, timed inside one process). A prefetch never
- * faults, so running past the end of the matrix costs at most STREAM_AHEAD bytes of
- * reading. */
+ * faults, so running past the end of the matrix costs at most `ahead` bytes of reading. */
+static inline void prefetch_stream_by(const uint8_t *at, size_t bytes, uintptr_t ahead)
+{
+    uintptr_t from = ((uintptr_t)at + ahead + 63) & ~(uintptr_t)63;
+    uintptr_t to = (uintptr_t)at + ahead + bytes;
+    for (uintptr_t line = from; line < to; line += 64)
+        __builtin_prefetch((const void *)line, 0, 0);
+}
+
+/* Its own loop rather than a call of prefetch_stream_by: written as that call, gcc 12
+ * inlined the other kernels differently, and the placement of code alone moved Q4_0's
+ * 4-sequence decode to 0.90-0.93x (MEASURED.md, stop 34). */
 static inline void prefetch_stream(const uint8_t *at, size_t bytes)
 {
     uintptr_t from = ((uintptr_t)at + STREAM_AHEAD + 63) & ~(uintptr_t)63;
