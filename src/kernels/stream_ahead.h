@@ -27,8 +27,8 @@
 #define STREAM_AHEAD ((uintptr_t)4608)
 /* A tile of several tokens (a speculative verify, a few sequences' decode) spends longer
  * on each line and wants its prefetch twice as far ahead: Q4_0 tiles with it decoded 16
- * sequences 1.09-1.19x as fast in each of five rounds of whole binaries taking turns, Q8_0
- * four sequences 1.05-1.09x in six, the rest within what moving the code alone changes
+ * sequences 1.10-1.19x as fast in each of eight rounds of whole binaries taking turns, Q8_0
+ * four sequences 1.04-1.09x in eight, the rest within what moving the code alone changes
  * (MEASURED.md, stop 34). Three and four times as far measured no better. */
 #define STREAM_AHEAD_TILE (2 * STREAM_AHEAD)
 
