@@ -54,12 +54,13 @@ static inline void touch_stream(const uint8_t *at, size_t bytes, const uint8_t *
 }
 
 /* Non-temporal prefetch of the cache lines that begin in [at, at + bytes) moved `ahead`
- * bytes on (STREAM_AHEAD, or STREAM_AHEAD_TILE for a tile of several tokens). Called for consecutive parts of a stream, it asks for every line once.
- * It runs on past the rows of the call: a product hands a thread consecutive pieces of
- * its share (work_share.c), so the next piece usually starts where this one ends, and
- * stopping at the end of each piece made every piece start cold (decode's output
- * projection measured 3-5% slower that way, timed inside one process). A prefetch never
- * faults, so running past the end of the matrix costs at most `ahead` bytes of reading. */
+ * bytes on (STREAM_AHEAD, or STREAM_AHEAD_TILE for a tile of several tokens). Called for
+ * consecutive parts of a stream, it asks for every line once. It runs on past the rows of
+ * the call: a product hands a thread consecutive pieces of its share (work_share.c), so
+ * the next piece usually starts where this one ends, and stopping at the end of each piece
+ * made every piece start cold (decode's output projection measured 3-5% slower that way,
+ * timed inside one process). A prefetch never faults, so running past the end of the
+ * matrix costs at most `ahead` bytes of reading. */
 static inline void prefetch_stream_by(const uint8_t *at, size_t bytes, uintptr_t ahead)
 {
     uintptr_t from = ((uintptr_t)at + ahead + 63) & ~(uintptr_t)63;
