@@ -1499,21 +1499,22 @@ static void test_connection_caps(void **state)
 }
 
 /* Twenty streaming clients leave mid-stream: every request is aborted, and every KV block
- * is back in the pool within moments, long before the requests could have finished. */
-static void test_disconnects_free_blocks(void **state)
+ * is back in the pool within moments, long before the requests could have finished; with
+ * speculation (draft_kv), the draft model's blocks too. */
+static void disconnects_free_blocks(const srv *s, bool draft_kv)
 {
-    (void)state;
     enum { N = 20 };
-    long long gone_before = metric(g_main.port, "blade:http_requests_total{status=\"499\"}");
+    int port = s->port;
+    long long gone_before = metric(port, "blade:http_requests_total{status=\"499\"}");
     if (gone_before < 0)
         gone_before = 0;
-    long long tokens_before = metric(g_main.port, "blade:generation_tokens_total");
+    long long tokens_before = metric(port, "blade:generation_tokens_total");
     const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":1900,\"ignore_eos\":true,\"stream\":true}";
     char head[1024];
     build_request(head, sizeof head, "POST", "/v1/completions", NULL, strlen(body), true);
     int fds[N];
     for (int i = 0; i < N; i++) {
-        fds[i] = dial(g_main.port);
+        fds[i] = dial(port);
         assert_true(send_all(fds[i], head, strlen(head)));
         assert_true(send_all(fds[i], body, strlen(body)));
     }
@@ -1532,28 +1533,59 @@ static void test_disconnects_free_blocks(void **state)
                 seen++;
         }
     }
-    assert_true(metric(g_main.port, "blade:num_requests_running") > 0);
+    assert_true(metric(port, "blade:num_requests_running") > 0);
     for (int i = 0; i < N; i++)
         close(fds[i]);
     double until = mono() + 10;
     long long used = -1, running = -1;
+    long long draft_used = 0;
     while (mono() < until) {
-        used = metric(g_main.port, "blade:kv_blocks_used");
-        running = metric(g_main.port, "blade:num_requests_running");
-        if (used == 0 && running == 0)
+        used = metric(port, "blade:kv_blocks_used");
+        running = metric(port, "blade:num_requests_running");
+        if (draft_kv)
+            draft_used = metric(port, "blade:spec_decode_draft_kv_blocks_used");
+        if (used == 0 && running == 0 && draft_used == 0)
             break;
         usleep(50000);
     }
     assert_int_equal(used, 0);
     assert_int_equal(running, 0);
+    assert_int_equal(draft_used, 0);
     /* had they run on, the blocks would only be free after N x 1900 tokens */
-    long long generated = metric(g_main.port, "blade:generation_tokens_total") - tokens_before;
+    long long generated = metric(port, "blade:generation_tokens_total") - tokens_before;
     if (generated > N * 1900 / 2)
         fail_msg("%lld tokens were generated for the %d dropped streams: they were not aborted", generated, N);
     until = mono() + 10;
-    while (metric(g_main.port, "blade:http_requests_total{status=\"499\"}") < gone_before + N && mono() < until)
+    while (metric(port, "blade:http_requests_total{status=\"499\"}") < gone_before + N && mono() < until)
         usleep(50000);
-    assert_true(metric(g_main.port, "blade:http_requests_total{status=\"499\"}") >= gone_before + N);
+    assert_true(metric(port, "blade:http_requests_total{status=\"499\"}") >= gone_before + N);
+}
+
+static void test_disconnects_free_blocks(void **state)
+{
+    (void)state;
+    disconnects_free_blocks(&g_main, false);
+}
+
+/* With speculation on (the model's first layers drafting four tokens a step), greedy text
+ * over HTTP is what the plain server gives, and dropped streams give back the draft
+ * model's KV as well as the target's. */
+static void test_speculation_over_http(void **state)
+{
+    (void)state;
+    srv_start(&g_extra, "--spec self --self-layers 2 --spec-fixed-k --spec-k 4");
+    const char *body = "{\"prompt\":\"Once upon a time, there was a little girl\",\"max_tokens\":120,\"temperature\":0}";
+    json_t *plain = post_ok(g_main.port, "/v1/completions", body), *spec = post_ok(g_extra.port, "/v1/completions", body);
+    assert_string_equal(choice_text(spec, 0), choice_text(plain, 0));
+    json_decref(plain);
+    json_decref(spec);
+    assert_true(metric(g_extra.port, "blade:spec_decode_num_draft_tokens_total") > 0);
+    assert_true(metric(g_extra.port, "blade:spec_decode_draft_kv_blocks_total") > 0);
+    long long drafted = metric(g_extra.port, "blade:spec_decode_num_draft_tokens_total");
+    disconnects_free_blocks(&g_extra, true);
+    /* the dropped streams were speculating */
+    assert_true(metric(g_extra.port, "blade:spec_decode_num_draft_tokens_total") > drafted);
+    assert_int_equal(srv_stop(&g_extra), 0);
 }
 
 /* The queue limit (429), the time limit (504) outlasting a shorter idle timeout, and a model
@@ -1678,6 +1710,7 @@ int main(void)
         cmocka_unit_test_teardown(test_deadlines, stop_extra),
         cmocka_unit_test_teardown(test_connection_caps, stop_extra),
         cmocka_unit_test(test_disconnects_free_blocks),
+        cmocka_unit_test_teardown(test_speculation_over_http, stop_extra),
         cmocka_unit_test_teardown(test_limits, stop_extra),
         cmocka_unit_test_teardown(test_drain, stop_extra),
         cmocka_unit_test(test_embeddings_api),

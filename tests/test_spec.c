@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_GEN 64
 #define N_PROMPTS 10
@@ -185,7 +186,7 @@ static const char *draft_path(void)
     return path;
 }
 
-static void submit(blade_engine *e, const job *j, result *r)
+static uint64_t submit(blade_engine *e, const job *j, result *r)
 {
     blade_request q;
     blade_request_default(&q);
@@ -202,8 +203,10 @@ static void submit(blade_engine *e, const job *j, result *r)
     q.callback = test_record_event;
     q.user = r;
     blade_error err = {{0}};
-    if (!blade_engine_submit(e, &q, &err))
+    uint64_t id = blade_engine_submit(e, &q, &err);
+    if (!id)
         fail_msg("%s", err.msg);
+    return id;
 }
 
 static void assert_same(const result *a, const result *b, int i, const char *what)
@@ -229,6 +232,8 @@ static void assert_clean(blade_engine *e, const char *what)
     assert_true(st.invariant_checks > 0);
     assert_int_equal(st.kv_blocks_used, 0);
     assert_int_equal(st.kv_blocks_free + st.kv_blocks_cached, st.kv_blocks_total);
+    /* every finished sequence gave its draft KV back */
+    assert_int_equal(st.draft_kv_blocks_used, 0);
 }
 
 /* Prompts cut from the story corpus at line starts (stories repeat their names and
@@ -946,6 +951,100 @@ static void test_adaptive_engine(void **state)
     blade_model_free(m);
 }
 
+/* Aborts requests while the draft model speculates for them: a third right after they are
+ * submitted (most are still in prefill), a third once they have three tokens. */
+typedef struct abort_plan {
+    blade_engine *e;
+    result *got;
+    const uint64_t *ids;
+    bool refused; /* an abort the engine did not know; cmocka's asserts belong on the test's thread */
+} abort_plan;
+
+static void *abort_after_three(void *arg)
+{
+    abort_plan *p = arg;
+    bool sent[N_PROMPTS] = {false};
+    for (int left = 1, rounds = 0; left && rounds < 200000; rounds++) {
+        left = 0;
+        for (int i = 1; i < N_PROMPTS; i += 3) {
+            pthread_mutex_lock(&p->got[i].mu);
+            int32_t n = p->got[i].n;
+            bool done = p->got[i].done;
+            pthread_mutex_unlock(&p->got[i].mu);
+            if (!sent[i] && !done && n >= 3) {
+                p->refused |= !blade_engine_abort(p->e, p->ids[i]);
+                sent[i] = true;
+            }
+            left += !sent[i] && !done;
+        }
+        usleep(100);
+    }
+    return NULL;
+}
+
+/* An aborted request gives back its blocks in both KV caches, drafts included, and emits
+ * nothing plain decoding would not have; the requests left alone stay bit-identical. */
+static void test_abort_while_speculating(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    int32_t nv = m->hp.n_vocab;
+    job *jobs = make_jobs(m);
+    result ref[N_PROMPTS], got[N_PROMPTS];
+    run_plain(m, jobs, N_PROMPTS, ref);
+    /* 40 blocks of 16 tokens cannot hold every sequence: some are preempted with drafts */
+    engine_shape sh = {40, 24, 2, BLADE_SPEC_DRAFT, 4, draft_path(), 0, false, NULL, false};
+    blade_error err = {{0}};
+    blade_engine *e = engine_try(m, &sh, &err);
+    if (!e)
+        fail_msg("%s", err.msg);
+    uint64_t ids[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++)
+        result_init(&got[i], nv);
+    abort_plan plan = {e, got, ids, false};
+    pthread_t watcher;
+    for (int i = 0; i < N_PROMPTS; i++) {
+        ids[i] = submit(e, &jobs[i], &got[i]);
+        if (i % 3 == 2)
+            assert_true(blade_engine_abort(e, ids[i]));
+        if (i == 0)
+            assert_int_equal(pthread_create(&watcher, NULL, abort_after_three, &plan), 0);
+    }
+    pthread_join(watcher, NULL);
+    assert_false(plan.refused);
+    blade_engine_wait_idle(e);
+    int aborted = 0;
+    for (int i = 0; i < N_PROMPTS; i++) {
+        assert_true(got[i].done);
+        if (i % 3 == 0) {
+            if (jobs[i].temperature == 0)
+                assert_same(&ref[i], &got[i], i, "left alone beside aborts");
+            continue;
+        }
+        aborted += got[i].finish == BLADE_FINISH_ABORT;
+        if (jobs[i].temperature != 0)
+            continue;
+        /* what an aborted greedy request emitted is the start of its plain output */
+        assert_true(got[i].n <= ref[i].n);
+        assert_memory_equal(got[i].tokens, ref[i].tokens, (size_t)got[i].n * sizeof(int32_t));
+        assert_memory_equal(got[i].logits, ref[i].logits, (size_t)got[i].n * nv * sizeof(float));
+    }
+    assert_true(aborted >= 3);
+    blade_engine_stats st;
+    blade_engine_stats_get(e, &st);
+    print_message("aborts: %d of %d requests aborted, %llu verifies, %llu preemptions\n", aborted, N_PROMPTS,
+                  (unsigned long long)st.spec_verifies, (unsigned long long)st.preemptions);
+    assert_true(st.spec_verifies > 0);
+    assert_clean(e, "aborts");
+    blade_engine_free(e, true);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        test_record_free(&got[i]);
+        test_record_free(&ref[i]);
+    }
+    free(jobs);
+    blade_model_free(m);
+}
+
 static void test_rejects_bad_config(void **state)
 {
     (void)state;
@@ -995,6 +1094,7 @@ int main(void)
         cmocka_unit_test(test_adaptive_engine),
         cmocka_unit_test(test_prefix_cache_holds_no_rejected_token),
         cmocka_unit_test(test_stop_inside_accepted_run),
+        cmocka_unit_test(test_abort_while_speculating),
         cmocka_unit_test(test_rejects_bad_config),
     };
     /* BLADE_TEST_FILTER=pattern runs only the matching tests (while developing) */

@@ -198,6 +198,8 @@ typedef struct blade_engine_stats {
     uint64_t spec_accepted_tokens; /* of those, accepted */
     uint64_t spec_accept_hist[BLADE_SPEC_MAX_K + 1]; /* verifies by number of drafts accepted */
     uint64_t spec_draft_hist[BLADE_SPEC_MAX_K + 1];  /* verifies by number of drafts verified */
+    int32_t draft_kv_blocks_total; /* the draft model's KV (0 without one) */
+    int32_t draft_kv_blocks_used;  /* held by sequences' draft states */
 } blade_engine_stats;
 
 void blade_engine_stats_get(blade_engine *e, blade_engine_stats *out);

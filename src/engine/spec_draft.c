@@ -182,6 +182,16 @@ void spec_draft_seq_destroy(spec_draft_seq *s)
     blade_kv_cache_seq_destroy(&s->kv);
 }
 
+int spec_draft_check_kv(const spec_draft *d, const blade_kv_cache_seq *const *seqs, int32_t n_seqs, blade_error *err)
+{
+    return blade_kv_cache_check(d->kv, seqs, n_seqs, err);
+}
+
+void spec_draft_kv_stats(const spec_draft *d, blade_kv_cache_stats *st)
+{
+    blade_kv_cache_stats_get(d->kv, st);
+}
+
 /* Keeps the fed drafts that became the sequence's tokens; the rest of the draft KV is
  * rolled back. */
 static void catch_up_state(spec_draft *d, spec_draft_job *j)

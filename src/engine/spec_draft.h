@@ -73,6 +73,11 @@ void spec_draft_seq_init(spec_draft *d, spec_draft_seq *s);
 void spec_draft_seq_release(spec_draft *d, spec_draft_seq *s);
 void spec_draft_seq_destroy(spec_draft_seq *s);
 
+/* The draft KV's block accounting checked against the draft states of the live sequences
+ * (blade_kv_cache_check): 0, or -1 with err naming the first violation. */
+int spec_draft_check_kv(const spec_draft *d, const blade_kv_cache_seq *const *seqs, int32_t n_seqs, blade_error *err);
+void spec_draft_kv_stats(const spec_draft *d, blade_kv_cache_stats *st);
+
 /* Lets prompt lookup over n-grams of n_min..n_max tokens (spec.h) compete with the draft
  * model for each draft: where the two differ, the one the calibration rates likelier to be
  * kept goes into the draft, and the model is fed it. n_min 0 turns lookup off. */

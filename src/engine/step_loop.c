@@ -629,6 +629,21 @@ static void check_rollback(blade_engine *e)
     }
 }
 
+/* One KV cache's accounting against what the n live requests hold in it: the target's, or
+ * (draft) the draft model's, whose blocks rollbacks and preemptions give back as well. */
+static void check_kv(blade_engine *e, bool draft, int32_t n)
+{
+    int32_t i = 0;
+    for (request_state *r = e->live; r; r = r->next_live)
+        e->live_kv[i++] = draft ? &r->draft.kv : &r->seq.kv;
+    blade_error err = {{0}};
+    int rc = draft ? spec_draft_check_kv(e->draft, e->live_kv, n, &err)
+                   : blade_kv_cache_check(e->kv, e->live_kv, n, &err);
+    if (rc && !e->invariant_error[0])
+        snprintf(e->invariant_error, sizeof e->invariant_error, "after step %llu: %s%s",
+                 (unsigned long long)e->invariant_checks, draft ? "draft KV: " : "", err.msg);
+}
+
 static void check_invariants(blade_engine *e)
 {
     int32_t n = 0;
@@ -641,14 +656,10 @@ static void check_invariants(blade_engine *e)
         e->live_kv = grown;
         e->cap_live_kv = n * 2;
     }
-    n = 0;
-    for (request_state *r = e->live; r; r = r->next_live)
-        e->live_kv[n++] = &r->seq.kv;
-    blade_error err = {{0}};
     e->invariant_checks++;
-    if (blade_kv_cache_check(e->kv, e->live_kv, n, &err) && !e->invariant_error[0])
-        snprintf(e->invariant_error, sizeof e->invariant_error, "after step %llu: %s",
-                 (unsigned long long)e->invariant_checks, err.msg);
+    check_kv(e, false, n);
+    if (e->draft)
+        check_kv(e, true, n);
     check_rollback(e);
 }
 
@@ -669,6 +680,12 @@ static void publish_stats(blade_engine *e)
     s->kv_blocks_cached = ks.blocks_cached;
     s->kv_blocks_free = ks.blocks_free;
     s->kv_blocks_pinned = ks.blocks_pinned;
+    if (e->draft) {
+        blade_kv_cache_stats ds;
+        spec_draft_kv_stats(e->draft, &ds);
+        s->draft_kv_blocks_total = ds.blocks_total;
+        s->draft_kv_blocks_used = ds.blocks_used;
+    }
     s->block_size = e->cfg.block_size;
     s->prefix_hit_tokens = ks.prefix_hit_tokens;
     s->prefix_query_tokens = ks.prefix_query_tokens;

@@ -218,6 +218,12 @@ void metrics_render(metrics *m, blade_engine *e, api_buf *out)
            (double)st.spec_draft_tokens);
     scalar(out, "spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens accepted.",
            (double)st.spec_accepted_tokens);
+    if (st.draft_kv_blocks_total) {
+        scalar(out, "spec_decode_draft_kv_blocks_total", "gauge", "The draft model's KV cache blocks.",
+               st.draft_kv_blocks_total);
+        scalar(out, "spec_decode_draft_kv_blocks_used", "gauge", "Draft KV blocks held by speculating sequences.",
+               st.draft_kv_blocks_used);
+    }
     /* bucket le=n counts verify steps that kept at most n drafts */
     header(out, "spec_decode_acceptance_length", "histogram", "Drafts accepted per verify step.");
     uint64_t cum = 0;
