@@ -70,7 +70,7 @@ static void result_free(result *r)
     pthread_cond_destroy(&r->cv);
 }
 
-static blade_engine *engine_of(const blade_model *m, blade_kv_type type, int32_t block_size, int32_t n_blocks)
+static blade_engine_config config_of(const blade_model *m, blade_kv_type type, int32_t block_size, int32_t n_blocks)
 {
     blade_engine_config cfg;
     blade_engine_config_default(&cfg);
@@ -81,11 +81,22 @@ static blade_engine *engine_of(const blade_model *m, blade_kv_type type, int32_t
     cfg.kv_mem_bytes = (size_t)n_blocks * blade_kv_store_block_bytes(&sc);
     cfg.sched.max_batch_tokens = 64; /* chunked: a prompt takes several steps */
     cfg.check_invariants = true;
+    return cfg;
+}
+
+static blade_engine *engine_new_or_fail(const blade_model *m, const blade_engine_config *cfg)
+{
     blade_error err = {{0}};
-    blade_engine *e = blade_engine_new(m, &cfg, &err);
+    blade_engine *e = blade_engine_new(m, cfg, &err);
     if (!e)
         fail_msg("%s", err.msg);
     return e;
+}
+
+static blade_engine *engine_of(const blade_model *m, blade_kv_type type, int32_t block_size, int32_t n_blocks)
+{
+    blade_engine_config cfg = config_of(m, type, block_size, n_blocks);
+    return engine_new_or_fail(m, &cfg);
 }
 
 /* One engine doing both, a prefill engine and a decode engine, all f16 with blocks of 16. */
@@ -320,6 +331,46 @@ static void test_disagg_identical(void **state)
             }
     assert_clean(a);
     assert_clean(b);
+    trio_close(&t);
+}
+
+/* A decode engine that speculates (its first two layers drafting four tokens a step)
+ * continues imported prompts: the draft model catches up on the prompt the target did not
+ * compute, greedy tokens equal one engine's without speculation, and both of its KV caches
+ * are clean afterwards. */
+static void test_disagg_speculating_decoder(void **state)
+{
+    (void)state;
+    trio t = trio_open();
+    blade_engine_config cfg = config_of(t.m, BLADE_KV_F16, 16, 256);
+    cfg.spec.mode = BLADE_SPEC_SELF;
+    cfg.spec.self_layers = 2;
+    cfg.spec.k = 4;
+    cfg.spec.adaptive = false;
+    blade_engine *c = engine_new_or_fail(t.m, &cfg);
+    const int32_t lengths[] = {1, 16, 33, 150};
+    for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
+        spec s;
+        make_spec(t.m, &s, lengths[li], MAX_GEN, 0.0f, 77);
+        result want, got;
+        result_init(&want);
+        result_init(&got);
+        run_whole(t.one, &s, &want);
+        handoff(t.a, c, &s, &got, NULL, NULL);
+        char what[64];
+        snprintf(what, sizeof what, "speculating decoder, prompt %d", s.n_prompt);
+        assert_same(&want, &got, what);
+        result_free(&want);
+        result_free(&got);
+    }
+    assert_clean(t.a);
+    assert_clean(c);
+    blade_engine_stats st;
+    blade_engine_stats_get(c, &st);
+    assert_true(st.spec_verifies > 0);
+    assert_true(st.draft_kv_blocks_total > 0);
+    assert_int_equal(st.draft_kv_blocks_used, 0);
+    blade_engine_free(c, false);
     trio_close(&t);
 }
 
@@ -838,6 +889,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_disagg_identical),
+        cmocka_unit_test(test_disagg_speculating_decoder),
         cmocka_unit_test(test_disagg_have_exchange),
         cmocka_unit_test(test_disagg_gap_recomputed),
         cmocka_unit_test(test_disagg_refusals),
