@@ -998,6 +998,9 @@ static void test_abort_while_speculating(void **state)
     blade_engine *e = engine_try(m, &sh, &err);
     if (!e)
         fail_msg("%s", err.msg);
+    /* stories260K-draft was trained on 512 positions, the model on 2048 */
+    assert_int_equal(blade_engine_draft_context(e), 512);
+    assert_int_equal(blade_engine_max_context(e), 2048);
     uint64_t ids[N_PROMPTS];
     for (int i = 0; i < N_PROMPTS; i++)
         result_init(&got[i], nv);

@@ -149,6 +149,10 @@ void cli_engine_describe(FILE *out, const cli_engine_options *o, blade_engine *e
         fprintf(out, " (k %s%d, first %d layers%s%s)", c->spec.adaptive ? "<= " : "", c->spec.k, c->spec.self_layers,
                 c->spec.self_type == BLADE_SPEC_SELF_OWN ? "" : ", a copy in ",
                 c->spec.self_type == BLADE_SPEC_SELF_OWN ? "" : blade_type_traits_get(c->spec.self_type)->name);
+    int32_t draft_ctx = blade_engine_draft_context(e);
+    if (draft_ctx > 0 && draft_ctx < ctx)
+        fprintf(out, "; the draft model's context is %d tokens: longer sequences decode without speculation",
+                draft_ctx);
     fprintf(out, "\n");
     fprintf(out, "KV cache: %.2f GiB of %s = %lld tokens = %lld full-context (%d-token) sequences; "
                  "step budget %d tokens, %d sequences\n",

@@ -365,6 +365,11 @@ int32_t blade_engine_max_context(const blade_engine *e)
     return e->max_context;
 }
 
+int32_t blade_engine_draft_context(const blade_engine *e)
+{
+    return e->draft ? spec_draft_max_context(e->draft) : 0;
+}
+
 void blade_engine_fingerprint(const blade_engine *e, uint8_t out[BLADE_ENGINE_FINGERPRINT_BYTES])
 {
     memcpy(out, e->fingerprint, BLADE_ENGINE_FINGERPRINT_BYTES);

@@ -192,6 +192,11 @@ void spec_draft_kv_stats(const spec_draft *d, blade_kv_cache_stats *st)
     blade_kv_cache_stats_get(d->kv, st);
 }
 
+int32_t spec_draft_max_context(const spec_draft *d)
+{
+    return d->max_context;
+}
+
 /* Keeps the fed drafts that became the sequence's tokens; the rest of the draft KV is
  * rolled back. */
 static void catch_up_state(spec_draft *d, spec_draft_job *j)
