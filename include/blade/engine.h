@@ -207,8 +207,8 @@ const blade_model *blade_engine_model(const blade_engine *e);
 /* KV capacity in tokens (blocks x block size). */
 int64_t blade_engine_kv_tokens(const blade_engine *e);
 int32_t blade_engine_max_context(const blade_engine *e);
-/* The last position the drafting model drafts at (its trained context); a sequence past it
- * decodes without speculation. 0 without a drafting model. */
+/* Tokens the drafting model drafts within (its trained context): a longer sequence decodes
+ * without speculation. 0 without a drafting model. */
 int32_t blade_engine_draft_context(const blade_engine *e);
 /* What BLADE_POOL_MODEL means for this engine's model (MEAN or LAST). */
 blade_pooling blade_engine_pooling(const blade_engine *e);
