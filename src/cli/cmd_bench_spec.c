@@ -87,9 +87,29 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Median time of a step of T new tokens (every row's logits, as a verify step has), T =
- * 1..CURVE_MAX, after a CURVE_CTX-token context, the sizes taking turns; and of one
- * CURVE_CTX-token chunk. Fills ms[0..CURVE_MAX] (ms[0]: the chunk). */
+/* One timed step for the curve: T = n new tokens after the CURVE_CTX-token context (every
+ * row's logits, as a verify step has), or with n 0 that context itself as one chunk. */
+static int curve_step(blade_runner *r, const int32_t *toks, const int32_t *rows, float *logits, int n, double *ms)
+{
+    int32_t blocks[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    blade_batch_seq b = {.tokens = toks, .n_tokens = n ? n : CURVE_CTX, .pos0 = n ? CURVE_CTX : 0,
+                         .block_table = blocks, .n_blocks = 8, .logit_rows = rows, .n_logits = n ? n : 1,
+                         .logits = logits};
+    blade_error err = {{0}};
+    double t0 = cli_now();
+    if (blade_runner_forward(r, &b, 1, &err)) {
+        fprintf(stderr, "error: verify curve: %s\n", err.msg);
+        return -1;
+    }
+    *ms = (cli_now() - t0) * 1e3;
+    return 0;
+}
+
+/* Median time of a step of T new tokens, T = 1..CURVE_MAX, the sizes taking turns, and,
+ * after those, of the CURVE_CTX-token chunk. Fills ms[0..CURVE_MAX] (ms[0]: the chunk). The
+ * chunk keeps out of the turns: a one-token step right after it measured 3-6% slower than
+ * after a step of nine tokens, which flattened the whole curve by as much (MEASURED.md,
+ * stop 35). */
 static int verify_curve(const blade_model *m, int threads, int reps, double *ms)
 {
     blade_error err = {{0}};
@@ -98,39 +118,34 @@ static int verify_curve(const blade_model *m, int threads, int reps, double *ms)
     blade_kv_store *store = pool ? blade_kv_store_new(&sc, &err) : NULL;
     blade_runner *r = store ? blade_runner_new(m, store, pool, CURVE_CTX, &err) : NULL;
     float *logits = malloc((size_t)CURVE_CTX * m->hp.n_vocab * sizeof(float));
+    double *t = calloc((size_t)reps * (CURVE_MAX + 1), sizeof *t), first;
     int rc = -1;
-    if (!r || !logits) {
+    if (!r || !logits || !t) {
         fprintf(stderr, "error: verify curve: %s\n", err.msg[0] ? err.msg : "out of memory");
         goto out;
     }
-    int32_t blocks[8] = {0, 1, 2, 3, 4, 5, 6, 7}, toks[CURVE_CTX], rows[CURVE_CTX];
+    int32_t toks[CURVE_CTX], rows[CURVE_CTX];
     for (int i = 0; i < CURVE_CTX; i++) {
         toks[i] = 1 + (i * 37) % (m->hp.n_vocab - 1);
         rows[i] = i;
     }
-    double *t = calloc((size_t)reps * (CURVE_MAX + 1), sizeof *t);
-    for (int rep = 0; rep < reps && t; rep++)
-        for (int n = 0; n <= CURVE_MAX; n++) {
-            int32_t len = n ? n : CURVE_CTX;
-            blade_batch_seq b = {.tokens = toks, .n_tokens = len, .pos0 = n ? CURVE_CTX : 0, .block_table = blocks,
-                                 .n_blocks = 8, .logit_rows = rows, .n_logits = n ? n : 1, .logits = logits};
-            double t0 = cli_now();
-            if (blade_runner_forward(r, &b, 1, &err)) {
-                fprintf(stderr, "error: verify curve: %s\n", err.msg);
-                free(t);
-                goto out;
-            }
-            t[(size_t)n * reps + rep] = (cli_now() - t0) * 1e3;
-        }
-    if (!t)
+    /* the context every step attends to, untimed */
+    if (curve_step(r, toks, rows, logits, 0, &first))
         goto out;
+    for (int rep = 0; rep < reps; rep++)
+        for (int n = 1; n <= CURVE_MAX; n++)
+            if (curve_step(r, toks, rows, logits, n, &t[(size_t)n * reps + rep]))
+                goto out;
+    for (int rep = 0; rep < reps; rep++)
+        if (curve_step(r, toks, rows, logits, 0, &t[rep]))
+            goto out;
     for (int n = 0; n <= CURVE_MAX; n++) {
         qsort(t + (size_t)n * reps, (size_t)reps, sizeof *t, cmp_double);
         ms[n] = t[(size_t)n * reps + reps / 2];
     }
-    free(t);
     rc = 0;
 out:
+    free(t);
     free(logits);
     blade_runner_free(r);
     blade_kv_store_free(store);
