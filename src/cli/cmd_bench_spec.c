@@ -118,7 +118,7 @@ static int verify_curve(const blade_model *m, int threads, int reps, double *ms)
     blade_kv_store *store = pool ? blade_kv_store_new(&sc, &err) : NULL;
     blade_runner *r = store ? blade_runner_new(m, store, pool, CURVE_CTX, &err) : NULL;
     float *logits = malloc((size_t)CURVE_CTX * m->hp.n_vocab * sizeof(float));
-    double *t = calloc((size_t)reps * (CURVE_MAX + 1), sizeof *t), first;
+    double *t = calloc((size_t)reps * (CURVE_MAX + 1), sizeof *t);
     int rc = -1;
     if (!r || !logits || !t) {
         fprintf(stderr, "error: verify curve: %s\n", err.msg[0] ? err.msg : "out of memory");
@@ -130,6 +130,7 @@ static int verify_curve(const blade_model *m, int threads, int reps, double *ms)
         rows[i] = i;
     }
     /* the context every step attends to, untimed */
+    double first;
     if (curve_step(r, toks, rows, logits, 0, &first))
         goto out;
     for (int rep = 0; rep < reps; rep++)

@@ -77,7 +77,7 @@ void spec_draft_seq_destroy(spec_draft_seq *s);
  * (blade_kv_cache_check): 0, or -1 with err naming the first violation. */
 int spec_draft_check_kv(const spec_draft *d, const blade_kv_cache_seq *const *seqs, int32_t n_seqs, blade_error *err);
 void spec_draft_kv_stats(const spec_draft *d, blade_kv_cache_stats *st);
-/* Positions the drafting model drafts at: its trained context. */
+/* Tokens the drafting model drafts within: its trained context. */
 int32_t spec_draft_max_context(const spec_draft *d);
 
 /* Lets prompt lookup over n-grams of n_min..n_max tokens (spec.h) compete with the draft
