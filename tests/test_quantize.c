@@ -70,8 +70,9 @@ static bool kv_equal(const gguf_kv *a, const gguf_kv *b)
 
 /* ---- conformance ---- */
 
-/* Every tensor of the reference file, byte for byte, and every metadata key it has with the
- * same value (general.file_type and general.quantization_version included). */
+/* Every tensor of the reference file (written with llama.cpp's --pure, so blade's --pure),
+ * byte for byte, and every metadata key it has with the same value (general.file_type and
+ * general.quantization_version included). */
 static void check_identical_to_reference(const char *type)
 {
     char rel[128];
@@ -80,7 +81,7 @@ static void check_identical_to_reference(const char *type)
     char name[64];
     snprintf(name, sizeof name, "conf-%s.gguf", type);
     char *out_path = temp_path(name);
-    quantize_shared(type, "", out_path);
+    quantize_shared(type, "--pure", out_path);
     gguf_file *ref = open_or_fail(ref_path), *out = open_or_fail(out_path);
     assert_int_equal(out->n_tensors, ref->n_tensors);
     printf("%-5s %-26s %s\n", "type", "tensor", "bytes identical to llama.cpp's");
@@ -115,6 +116,36 @@ static void test_q4_0_q8_0_identical_to_llama_cpp(void **state)
     (void)state;
     check_identical_to_reference("Q4_0");
     check_identical_to_reference("Q8_0");
+}
+
+/* Without --pure, Q4_0 is llama.cpp's Q4_0 recipe: the classifier in Q6_K, the rest as --pure
+ * writes it, byte for byte. */
+static void test_q4_0_classifier_q6_k(void **state)
+{
+    (void)state;
+    char *pure_path = temp_path("recipe-pure-q4_0.gguf"), *mix_path = temp_path("recipe-q4_0.gguf");
+    quantize_shared("Q4_0", "--pure", pure_path);
+    quantize_shared("Q4_0", "", mix_path);
+    gguf_file *pure = open_or_fail(pure_path), *mix = open_or_fail(mix_path);
+    assert_int_equal(mix->n_tensors, pure->n_tensors);
+    for (uint64_t i = 0; i < mix->n_tensors; i++) {
+        const gguf_tensor *m = &mix->tensors[i], *p = gguf_find_tensor(pure, m->name);
+        assert_non_null(p);
+        if (!strcmp(m->name, "output.weight")) {
+            assert_int_equal(m->type, BLADE_TYPE_Q6_K);
+            assert_int_equal(p->type, BLADE_TYPE_Q4_0);
+            continue;
+        }
+        assert_int_equal(m->type, p->type);
+        assert_int_equal(m->nbytes, p->nbytes);
+        assert_memory_equal(m->data, p->data, m->nbytes);
+    }
+    gguf_close(pure);
+    gguf_close(mix);
+    unlink(pure_path);
+    unlink(mix_path);
+    free(pure_path);
+    free(mix_path);
 }
 
 /* Sum over rows of blade_quant_weighted_error (and plain squared error) of a tensor whose
@@ -385,6 +416,13 @@ static void test_scheme_recipe(void **state)
     assert_int_equal(blade_quant_scheme_type_for(m, "token_embd.weight", 22, true), BLADE_TYPE_Q6_K);
     const blade_quant_scheme *pure = blade_quant_scheme_find("Q4_K");
     assert_int_equal(blade_quant_scheme_type_for(pure, "output.weight", 22, false), BLADE_TYPE_Q4_K);
+    /* Q4_0: llama.cpp's recipe, the classifier alone in Q6_K */
+    const blade_quant_scheme *q4_0 = blade_quant_scheme_find("Q4_0");
+    assert_int_equal(blade_quant_scheme_type_for(q4_0, "output.weight", 22, false), BLADE_TYPE_Q6_K);
+    assert_int_equal(blade_quant_scheme_type_for(q4_0, "token_embd.weight", 22, true), BLADE_TYPE_Q6_K);
+    assert_int_equal(blade_quant_scheme_type_for(q4_0, "token_embd.weight", 22, false), BLADE_TYPE_Q4_0);
+    assert_int_equal(blade_quant_scheme_type_for(q4_0, "blk.0.attn_v.weight", 22, false), BLADE_TYPE_Q4_0);
+    assert_int_equal(blade_quant_scheme_type_for(q4_0, "blk.0.ffn_down.weight", 22, false), BLADE_TYPE_Q4_0);
 
     assert_int_equal(blade_quant_fit_type(BLADE_TYPE_Q4_K, 2048, BLADE_TYPE_F16), BLADE_TYPE_Q4_K);
     assert_int_equal(blade_quant_fit_type(BLADE_TYPE_Q4_K, 896, BLADE_TYPE_F16), BLADE_TYPE_Q8_0);
@@ -406,6 +444,7 @@ static void test_synth_shares_recipe(void **state)
     blade_error err = {{0}};
     assert_int_equal(blade_synth_write(&spec, f32, false, &err), 0);
     spec.weight_type = BLADE_TYPE_Q4_K;
+    spec.classifier_type = BLADE_TYPE_Q6_K;
     spec.sensitive_type = BLADE_TYPE_Q6_K;
     assert_int_equal(blade_synth_write(&spec, mix, false, &err), 0);
     char args[1024];
@@ -980,6 +1019,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_q4_0_q8_0_identical_to_llama_cpp),
+        cmocka_unit_test(test_q4_0_classifier_q6_k),
         cmocka_unit_test(test_k_quants_at_most_reference_error),
         cmocka_unit_test(test_no_refine_reproduces_k_quants),
         cmocka_unit_test(test_importance_lowers_weighted_error),

@@ -26,9 +26,11 @@ typedef struct blade_synth_spec {
     float rope_base;
     bool tied_embeddings;
     uint32_t weight_type; /* matrices; norms and biases stay F32 */
-    /* When non-zero, the tensors a "_M" mix keeps at higher precision use this type, chosen
-     * by blade quantize's recipe (blade_quant_scheme_type_for): the classifier, and attn_v /
-     * ffn_down in the first and last eighth of the layers and every third layer between. */
+    /* These follow blade quantize's recipe (blade_quant_scheme_type_for), as in
+     * blade_quant_scheme: when non-zero, the classifier's type, and the type of a "_M" mix's
+     * attn_v / ffn_down in the first and last eighth of the layers and every third layer
+     * between. */
+    uint32_t classifier_type;
     uint32_t sensitive_type;
     uint64_t seed;
     /* Vocabulary: copied from this GGUF's tokenizer.ggml.* keys (padded with filler tokens up

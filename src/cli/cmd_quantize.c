@@ -198,6 +198,7 @@ typedef struct quantize_options {
     cli_list keeps;
     long long threads;
     bool no_refine;
+    bool pure;
 } quantize_options;
 
 #define O quantize_options
@@ -210,6 +211,9 @@ static const cli_flag quantize_flags[] = {
              "e.g. 'output.weight=Q8_0'"},
     {.name = "threads", .letter = 't', .kind = CLI_INT, CLI_AT(O, threads), .min = 1, .max = 1024, .metavar = "N",
      .dflt = "every core", .help = "threads"},
+    {.name = "pure", .kind = CLI_BOOL, CLI_AT(O, pure),
+     .help = "every weight matrix in TYPE: no Q6_K classifier for Q4_0 and the _M mixes, none of a mix's Q6_K "
+             "layers (as llama.cpp's --pure)"},
     {.name = "no-refine", .kind = CLI_BOOL, CLI_AT(O, no_refine),
      .help = "the reference scale search alone: K-quant bytes as llama.cpp's quantizer writes them, faster, with "
              "higher error"},
@@ -243,7 +247,8 @@ const cli_command cli_cmd_quantize = {
              "written beside its final name and renamed once complete: an interrupted run leaves\n"
              "no partial OUT.\n\n"
              "The _M mixes write the classifier, and attn_v / ffn_down in the first and last eighth of\n"
-             "the layers and every third layer between, in Q6_K.\n",
+             "the layers and every third layer between, in Q6_K. Q4_0 writes the classifier in Q6_K,\n"
+             "as llama.cpp's quantizer does; --pure writes every matrix in TYPE.\n",
     .tables = (const cli_table[]){{quantize_flags, 0}, {0}},
     .positionals = (const cli_positional[]){
         {.metavar = "IN.gguf", CLI_ARG_AT(quantize_options, in), .help = "the model to convert"},
@@ -282,7 +287,10 @@ static int quantize_main(int argc, char **argv)
             fprintf(stderr, "error: %s\n", err.msg);
             goto done;
         }
-    const blade_quant_scheme *scheme = o.scheme;
+    blade_quant_scheme chosen = *o.scheme;
+    if (o.pure)
+        chosen.classifier_type = chosen.sensitive_type = 0;
+    const blade_quant_scheme *scheme = &chosen;
     const char *in = o.in, *out = o.out, *imatrix_path = o.imatrix;
     long long threads = o.threads;
     bool no_refine = o.no_refine;

@@ -78,7 +78,8 @@ const cli_command cli_cmd_synth = {
     .about = "Writes a random-weight GGUF with a real model's shape and a real vocabulary (padded with\n"
              "unused filler tokens to the model's vocabulary size, so the embedding and classifier cost\n"
              "what they really cost). Other GGUF engines load the file too. The _M mixes write the\n"
-             "classifier and the sensitive attn_v / ffn_down layers in Q6_K, as blade quantize does.\n\n"
+             "classifier and the sensitive attn_v / ffn_down layers in Q6_K, Q4_0 the classifier, as blade\n"
+             "quantize does.\n\n"
              "With --from SMALL.gguf (a llama model) the file instead computes SMALL's function in the\n"
              "shape's layers, heads and widths: each step costs what the shape costs, and the text is\n"
              "SMALL's (vocabulary and tokenizer are SMALL's; every weight SMALL does not fill is noise).\n",
@@ -107,6 +108,7 @@ static int synth_main(int argc, char **argv)
         return 2;
     }
     spec.weight_type = scheme->type;
+    spec.classifier_type = scheme->classifier_type;
     spec.sensitive_type = scheme->sensitive_type;
     spec.seed = (uint64_t)o.seed;
     if (o.from)

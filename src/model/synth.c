@@ -26,10 +26,21 @@ float synth_gaussian(synth *s)
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
+int synth_check_types(const blade_synth_spec *spec, blade_error *err)
+{
+    const uint32_t types[] = {spec->weight_type, spec->classifier_type, spec->sensitive_type};
+    for (int i = 0; i < 3; i++)
+        if ((i == 0 || types[i]) && !blade_type_supported(types[i]))
+            return blade_error_set(err, "weight type %u is not supported", types[i]);
+    return 0;
+}
+
 void synth_init(synth *s, const blade_synth_spec *spec, blade_error *err)
 {
     *s = (synth){.w = gguf_writer_new(),
-                 .scheme = {.type = spec->weight_type, .sensitive_type = spec->sensitive_type},
+                 .scheme = {.type = spec->weight_type,
+                            .classifier_type = spec->classifier_type,
+                            .sensitive_type = spec->sensitive_type},
                  .n_layer = spec->n_layer,
                  .tied = spec->tied_embeddings,
                  .rng = spec->seed ^ 0x626c616465ull,
@@ -261,8 +272,8 @@ void synth_set_hparams(gguf_writer *w, const blade_synth_spec *sp)
 
 int blade_synth_write(const blade_synth_spec *sp, const char *path, bool show_progress, blade_error *err)
 {
-    if (!blade_type_supported(sp->weight_type) || (sp->sensitive_type && !blade_type_supported(sp->sensitive_type)))
-        return blade_error_set(err, "weight type %u is not supported", sp->weight_type);
+    if (synth_check_types(sp, err))
+        return -1;
     synth s;
     synth_init(&s, sp, err);
     synth_set_hparams(s.w, sp);

@@ -315,8 +315,8 @@ static char *inflated_name(const gguf_file *src)
 int blade_synth_inflate(const blade_synth_spec *spec, const char *from_path, float noise, const char *path,
                         bool show_progress, blade_synth_inflation *info, blade_error *err)
 {
-    if (!blade_type_supported(spec->weight_type) || (spec->sensitive_type && !blade_type_supported(spec->sensitive_type)))
-        return blade_error_set(err, "weight type %u is not supported", spec->weight_type);
+    if (synth_check_types(spec, err))
+        return -1;
     if (!(noise >= 0.0f && noise <= 1.0f))
         return blade_error_set(err, "noise %g is outside 0..1", noise);
     blade_model *m = blade_model_load(from_path, err);

@@ -24,6 +24,8 @@ typedef struct synth {
     blade_error *err;
 } synth;
 
+/* 0 when every type spec names is one blade writes; else -1 with err naming the type. */
+int synth_check_types(const blade_synth_spec *spec, blade_error *err);
 void synth_init(synth *s, const blade_synth_spec *spec, blade_error *err);
 /* Writes the file (rc == 0) and frees everything s holds; returns 0 on success. */
 int synth_finish(synth *s, int rc, const char *path, bool show_progress);
