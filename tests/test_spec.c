@@ -951,6 +951,49 @@ static void test_adaptive_engine(void **state)
     blade_model_free(m);
 }
 
+/* The steps a request decodes alone are counted by their tokens: every verify of k drafts is
+ * one step of 1 + k tokens, the rest are one-token steps, each with the runner's time; and
+ * drafting's time is counted. */
+static void test_solo_step_stats(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    job *jobs = make_jobs(m);
+    blade_engine_config cfg;
+    blade_engine_config_default(&cfg);
+    cfg.n_threads = 2;
+    cfg.kv_mem_bytes = 8 << 20;
+    cfg.spec.mode = BLADE_SPEC_DRAFT;
+    cfg.spec.draft_model_path = draft_path();
+    cfg.spec.k = 4;
+    cfg.spec.adaptive = false;
+    blade_error err = {{0}};
+    blade_engine *e = blade_engine_new(m, &cfg, &err);
+    if (!e)
+        fail_msg("%s", err.msg);
+    result got[N_PROMPTS];
+    run_all(e, jobs, N_PROMPTS, got, m->hp.n_vocab, true);
+    blade_engine_stats st;
+    blade_engine_stats_get(e, &st);
+    uint64_t multi = 0;
+    for (int t = 2; t <= BLADE_SPEC_MAX_K + 1; t++) {
+        assert_int_equal(st.solo_decode_steps[t], st.spec_draft_hist[t - 1]);
+        multi += st.solo_decode_steps[t];
+    }
+    assert_int_equal(multi, st.spec_verifies);
+    assert_true(st.spec_verifies > 0);
+    assert_true(st.solo_decode_steps[1] > 0);
+    for (int t = 1; t <= BLADE_SPEC_MAX_K + 1; t++)
+        assert_int_equal(st.solo_decode_seconds[t] > 0, st.solo_decode_steps[t] > 0);
+    assert_true(st.spec_draft_seconds > 0);
+    print_message("solo steps: %llu of one token, %llu verifies\n", (unsigned long long)st.solo_decode_steps[1],
+                  (unsigned long long)multi);
+    blade_engine_free(e, true);
+    free_results(got, N_PROMPTS);
+    free(jobs);
+    blade_model_free(m);
+}
+
 /* Aborts requests while the draft model speculates for them: a third right after they are
  * submitted (most are still in prefill), a third once they have three tokens. */
 typedef struct abort_plan {
@@ -1095,6 +1138,7 @@ int main(void)
         cmocka_unit_test(test_calibration),
         cmocka_unit_test(test_live_curve),
         cmocka_unit_test(test_adaptive_engine),
+        cmocka_unit_test(test_solo_step_stats),
         cmocka_unit_test(test_prefix_cache_holds_no_rejected_token),
         cmocka_unit_test(test_stop_inside_accepted_run),
         cmocka_unit_test(test_abort_while_speculating),

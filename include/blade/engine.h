@@ -200,6 +200,12 @@ typedef struct blade_engine_stats {
     uint64_t spec_draft_hist[BLADE_SPEC_MAX_K + 1];  /* verifies by number of drafts verified */
     int32_t draft_kv_blocks_total; /* the draft model's KV (0 without one) */
     int32_t draft_kv_blocks_used;  /* held by sequences' draft states */
+    /* Steps that decoded one sequence alone, by the tokens they computed (1 + its drafts,
+     * index 1 .. BLADE_SPEC_MAX_K + 1), and the runner's time for them: the verify-cost
+     * curve as the engine met it. Drafting's own time, every step. */
+    uint64_t solo_decode_steps[BLADE_SPEC_MAX_K + 2];
+    double solo_decode_seconds[BLADE_SPEC_MAX_K + 2];
+    double spec_draft_seconds;
 } blade_engine_stats;
 
 void blade_engine_stats_get(blade_engine *e, blade_engine_stats *out);

@@ -3,9 +3,10 @@
  * of one, and a long chunk's cost per token: the compute per byte that speculation lives
  * on), then greedy decoding of the same prompts with each drafter, the configurations
  * taking turns prompt by prompt so that a machine shared with other work slows all of them
- * alike: single-stream decode tokens/s, the speed-up the curve predicts from each run's own
- * acceptance, acceptance, mean accepted length and mean k, and the aggregate tokens/s of
- * many concurrent streams. */
+ * alike: single-stream decode tokens/s, the speed-up of the runner's time alone and the one
+ * the curve predicts from each run's own acceptance, acceptance, mean accepted length and
+ * mean k, and the aggregate tokens/s of many concurrent streams; then each run's own steps,
+ * which show where its speed-up and the curve's part. */
 
 #include "blade/engine.h"
 #include "blade/kv_store.h"
@@ -188,6 +189,37 @@ static double predicted_speedup(const double *ms, const blade_engine_stats *st, 
     return cost > 0 ? (double)decode_tokens / cost : 1.0;
 }
 
+/* Runner seconds per decode token of a run's one-sequence decode steps: their cost with the
+ * drafting and the engine's other work left out. */
+static double forward_per_token(const blade_engine_stats *st, int64_t decode_tokens)
+{
+    double s = 0;
+    for (int t = 1; t <= BLADE_SPEC_MAX_K + 1; t++)
+        s += st->solo_decode_seconds[t];
+    return decode_tokens > 0 ? s / (double)decode_tokens : 0;
+}
+
+/* The run's own verify curve: its steps of T tokens against its one-token steps, the
+ * count of each after it, and what drafting took per step. */
+static void print_steps_as_run(const char *name, const blade_engine_stats *st)
+{
+    if (!st->solo_decode_steps[1])
+        return;
+    double one = st->solo_decode_seconds[1] / (double)st->solo_decode_steps[1];
+    uint64_t steps = st->solo_decode_steps[1];
+    printf("%s: one-token steps %.3f ms (%llu)", name, one * 1e3, (unsigned long long)steps);
+    const char *sep = "; T =";
+    for (int t = 2; t <= BLADE_SPEC_MAX_K + 1; t++) {
+        if (!st->solo_decode_steps[t])
+            continue;
+        steps += st->solo_decode_steps[t];
+        printf("%s %d: %.2f (%llu)", sep, t, st->solo_decode_seconds[t] / (double)st->solo_decode_steps[t] / one,
+               (unsigned long long)st->solo_decode_steps[t]);
+        sep = ",";
+    }
+    printf("; drafting %.3f ms per step\n", steps ? st->spec_draft_seconds / (double)steps * 1e3 : 0.0);
+}
+
 typedef struct bench_spec_options {
     const char *model, *text;
     long long n_prompts, prompt_len, n_gen, n_streams, rounds, reps;
@@ -239,9 +271,11 @@ const cli_command cli_cmd_bench_spec = {
     .about = "Speculative decoding measured in one run: the verify-cost curve, then greedy decoding of the same\n"
              "prompts (cut from a text) without speculation, with n-gram lookup, self-draft (--self-layers) and\n"
              "the draft model, taking turns: single-stream decode tokens/s and each ratio to plain, the ratio\n"
-             "the curve predicts from the run's own acceptance (the drafter's time left out), acceptance\n"
-             "rate, mean accepted length (tokens per verify step) and mean k, then the aggregate tokens/s of\n"
-             "--streams concurrent streams. The KV memory defaults to 256M here.\n",
+             "of the runner's time alone (its steps alone: drafting and the engine's other work left out),\n"
+             "the ratio the curve predicts from the run's own acceptance, acceptance rate, mean accepted\n"
+             "length (tokens per verify step) and mean k, then the aggregate tokens/s of --streams\n"
+             "concurrent streams. Last, each run's steps as they ran: T-token steps against its one-token\n"
+             "steps, and drafting's time per step. The KV memory defaults to 256M here.\n",
     .tables = (const cli_table[]){{bench_spec_flags, 0}, {cli_engine_flags, offsetof(bench_spec_options, engine)},
                                   {0}},
     .opts_size = sizeof(bench_spec_options),
@@ -374,16 +408,17 @@ static int bench_spec_main(int argc, char **argv)
         for (int i = 0; i < n_modes; i++)
             blade_engine_stats_get(modes[i].e, &modes[i].multi);
     }
-    printf("\n| drafter | decode tok/s (1 stream) | vs plain | curve predicts | acceptance | mean accepted length | "
-           "mean k |");
+    printf("\n| drafter | decode tok/s (1 stream) | vs plain | its steps alone | curve predicts | acceptance | "
+           "mean accepted length | mean k |");
     if (n_streams > 0)
         printf(" %lld streams tok/s | vs plain | drafts per token |", n_streams);
-    printf("\n|---|---|---|---|---|---|---|%s\n", n_streams > 0 ? "---|---|---|" : "");
+    printf("\n|---|---|---|---|---|---|---|---|%s\n", n_streams > 0 ? "---|---|---|" : "");
     double base1 = modes[0].decode_tokens / modes[0].decode_s, baseN = modes[0].multi_tokens / (modes[0].multi_s + 1e-12);
+    double base_fwd = forward_per_token(&modes[0].single, modes[0].decode_tokens);
     for (int i = 0; i < n_modes; i++) {
         const blade_engine_stats *st = &modes[i].single;
-        double tps = modes[i].decode_tokens / modes[i].decode_s;
-        printf("| %s | %.1f | %.2fx | %.2fx |", modes[i].name, tps, tps / base1,
+        double tps = modes[i].decode_tokens / modes[i].decode_s, fwd = forward_per_token(st, modes[i].decode_tokens);
+        printf("| %s | %.1f | %.2fx | %.2fx | %.2fx |", modes[i].name, tps, tps / base1, fwd > 0 ? base_fwd / fwd : 0.0,
                predicted_speedup(curve, st, modes[i].decode_tokens));
         if (st->spec_verifies)
             printf(" %.1f%% | %.2f | %.2f |", 100.0 * st->spec_accepted_tokens / (double)st->spec_draft_tokens,
@@ -399,6 +434,9 @@ static int bench_spec_main(int argc, char **argv)
         }
         printf("\n");
     }
+    printf("\nsingle-stream decode steps as they ran (cost of T tokens vs the same run's one-token steps):\n");
+    for (int i = 0; i < n_modes; i++)
+        print_steps_as_run(modes[i].name, &modes[i].single);
     rc = 0;
 out:
     for (int i = 0; i < n_modes; i++)

@@ -127,6 +127,9 @@ struct blade_engine {
     uint64_t spec_verifies, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accept_hist[BLADE_SPEC_MAX_K + 1];
     uint64_t spec_draft_hist[BLADE_SPEC_MAX_K + 1];
+    uint64_t solo_decode_steps[BLADE_SPEC_MAX_K + 2];
+    double solo_decode_seconds[BLADE_SPEC_MAX_K + 2];
+    double spec_draft_seconds;
     uint64_t computed_tokens, generated_tokens, finished;
     int32_t max_running;
     const blade_kv_cache_seq **live_kv; /* scratch for invariant checks */

@@ -515,12 +515,24 @@ static void end_padding(blade_engine *e)
     }
 }
 
+static void observe_solo_step(blade_engine *e, const blade_sched_item *it, double seconds)
+{
+    if (e->curve_live)
+        spec_curve_observe(&e->curve, it->n_tokens, seconds * 1e3);
+    if (it->want_logits && it->n_tokens == 1 + it->n_draft) {
+        e->solo_decode_steps[it->n_tokens]++;
+        e->solo_decode_seconds[it->n_tokens] += seconds;
+    }
+}
+
 static void run_step(blade_engine *e)
 {
     end_padding(e);
 
     /* plan */
+    double t_draft = blade_clock_seconds();
     propose_drafts(e);
+    e->spec_draft_seconds += blade_clock_seconds() - t_draft;
     blade_sched_plan plan;
     blade_scheduler_schedule(e->sched, &plan);
     for (int32_t i = 0; i < plan.n_rejected; i++)
@@ -571,9 +583,10 @@ static void run_step(blade_engine *e)
     pthread_mutex_unlock(&e->kv_mu);
     double t0 = blade_clock_seconds();
     int failed = blade_runner_forward(e->runner, e->batch, plan.n_items, &err);
+    double forward_s = blade_clock_seconds() - t0;
     /* one sequence's step is a point of the verify-cost curve as the machine is now */
-    if (!failed && e->curve_live && plan.n_items == 1)
-        spec_curve_observe(&e->curve, plan.items[0].n_tokens, (blade_clock_seconds() - t0) * 1e3);
+    if (!failed && plan.n_items == 1)
+        observe_solo_step(e, &plan.items[0], forward_s);
     pthread_mutex_lock(&e->kv_mu);
     if (failed) {
         for (int32_t i = 0; i < plan.n_items; i++)
@@ -705,6 +718,9 @@ static void publish_stats(blade_engine *e)
     s->spec_accepted_tokens = e->spec_accepted_tokens;
     memcpy(s->spec_accept_hist, e->spec_accept_hist, sizeof s->spec_accept_hist);
     memcpy(s->spec_draft_hist, e->spec_draft_hist, sizeof s->spec_draft_hist);
+    memcpy(s->solo_decode_steps, e->solo_decode_steps, sizeof s->solo_decode_steps);
+    memcpy(s->solo_decode_seconds, e->solo_decode_seconds, sizeof s->solo_decode_seconds);
+    s->spec_draft_seconds = e->spec_draft_seconds;
     memcpy(s->invariant_error, e->invariant_error, sizeof s->invariant_error);
     pthread_mutex_unlock(&e->mu);
 }
