@@ -50,12 +50,12 @@ double blade_quant_weighted_error(uint32_t type, const float *x, const float *y,
 /* ---- schemes: what --type names ---- */
 
 typedef struct blade_quant_scheme {
-    const char *name;        /* as --type spells it: "Q4_K_M" */
+    const char *name;         /* as --type spells it: "Q4_K_M" */
     uint32_t type;            /* most weight matrices */
     uint32_t classifier_type; /* output.weight (token_embd.weight when tied); 0: type */
     uint32_t sensitive_type;  /* for a mix: attn_v / ffn_down in the layers
                                * blade_quant_more_bits_layer picks; 0 for a plain type */
-    uint32_t file_type;      /* general.file_type: llama.cpp's LLAMA_FTYPE number */
+    uint32_t file_type;       /* general.file_type: llama.cpp's LLAMA_FTYPE number */
 } blade_quant_scheme;
 
 /* Case-insensitive; NULL if unknown. */

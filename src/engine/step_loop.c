@@ -515,6 +515,9 @@ static void end_padding(blade_engine *e)
     }
 }
 
+/* A step of one sequence alone is a point of the verify-cost curve as the machine is now:
+ * the adaptive policy follows it, and a decode step (its last token and drafts) counts in
+ * the statistics by its size. */
 static void observe_solo_step(blade_engine *e, const blade_sched_item *it, double seconds)
 {
     if (e->curve_live)
@@ -584,7 +587,6 @@ static void run_step(blade_engine *e)
     double t0 = blade_clock_seconds();
     int failed = blade_runner_forward(e->runner, e->batch, plan.n_items, &err);
     double forward_s = blade_clock_seconds() - t0;
-    /* one sequence's step is a point of the verify-cost curve as the machine is now */
     if (!failed && plan.n_items == 1)
         observe_solo_step(e, &plan.items[0], forward_s);
     pthread_mutex_lock(&e->kv_mu);
