@@ -959,16 +959,9 @@ static void test_solo_step_stats(void **state)
     (void)state;
     blade_model *m = load_stories();
     job *jobs = make_jobs(m);
-    blade_engine_config cfg;
-    blade_engine_config_default(&cfg);
-    cfg.n_threads = 2;
-    cfg.kv_mem_bytes = 8 << 20;
-    cfg.spec.mode = BLADE_SPEC_DRAFT;
-    cfg.spec.draft_model_path = draft_path();
-    cfg.spec.k = 4;
-    cfg.spec.adaptive = false;
+    engine_shape sh = {512, 256, 2, BLADE_SPEC_DRAFT, 4, draft_path(), 0, false, NULL, false};
     blade_error err = {{0}};
-    blade_engine *e = blade_engine_new(m, &cfg, &err);
+    blade_engine *e = engine_try(m, &sh, &err);
     if (!e)
         fail_msg("%s", err.msg);
     result got[N_PROMPTS];
