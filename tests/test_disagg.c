@@ -335,42 +335,55 @@ static void test_disagg_identical(void **state)
 }
 
 /* A decode engine that speculates (its first two layers drafting four tokens a step)
- * continues imported prompts: the draft model catches up on the prompt the target did not
- * compute, greedy tokens equal one engine's without speculation, and both of its KV caches
- * are clean afterwards. */
-static void test_disagg_speculating_decoder(void **state)
+ * continues imported prompts: the early-exit view drafts from the imported KV itself, a
+ * Q8_0 copy with a KV of its own catches up on the prompt the target did not compute;
+ * greedy tokens equal one engine's without speculation, and every KV cache is clean
+ * afterwards. */
+static void speculating_decoder(trio *t, uint32_t self_type)
 {
-    (void)state;
-    trio t = trio_open();
-    blade_engine_config cfg = config_of(t.m, BLADE_KV_F16, 16, 256);
+    blade_engine_config cfg = config_of(t->m, BLADE_KV_F16, 16, 256);
     cfg.spec.mode = BLADE_SPEC_SELF;
     cfg.spec.self_layers = 2;
+    cfg.spec.self_type = self_type;
     cfg.spec.k = 4;
     cfg.spec.adaptive = false;
-    blade_engine *c = engine_new_or_fail(t.m, &cfg);
+    blade_engine *c = engine_new_or_fail(t->m, &cfg);
     const int32_t lengths[] = {1, 16, 33, 150};
     for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
         spec s;
-        make_spec(t.m, &s, lengths[li], MAX_GEN, 0.0f, 77);
+        make_spec(t->m, &s, lengths[li], MAX_GEN, 0.0f, 77);
         result want, got;
         result_init(&want);
         result_init(&got);
-        run_whole(t.one, &s, &want);
-        handoff(t.a, c, &s, &got, NULL, NULL);
-        char what[64];
-        snprintf(what, sizeof what, "speculating decoder, prompt %d", s.n_prompt);
+        run_whole(t->one, &s, &want);
+        handoff(t->a, c, &s, &got, NULL, NULL);
+        char what[80];
+        snprintf(what, sizeof what, "speculating decoder (%s), prompt %d",
+                 self_type == BLADE_SPEC_SELF_OWN ? "early exit" : "Q8_0 copy", s.n_prompt);
         assert_same(&want, &got, what);
         result_free(&want);
         result_free(&got);
     }
-    assert_clean(t.a);
+    assert_clean(t->a);
     assert_clean(c);
     blade_engine_stats st;
     blade_engine_stats_get(c, &st);
     assert_true(st.spec_verifies > 0);
-    assert_true(st.draft_kv_blocks_total > 0);
+    /* the view has no KV of its own */
+    if (self_type == BLADE_SPEC_SELF_OWN)
+        assert_int_equal(st.draft_kv_blocks_total, 0);
+    else
+        assert_true(st.draft_kv_blocks_total > 0);
     assert_int_equal(st.draft_kv_blocks_used, 0);
     blade_engine_free(c, false);
+}
+
+static void test_disagg_speculating_decoder(void **state)
+{
+    (void)state;
+    trio t = trio_open();
+    speculating_decoder(&t, BLADE_SPEC_SELF_OWN);
+    speculating_decoder(&t, BLADE_TYPE_Q8_0);
     trio_close(&t);
 }
 

@@ -1567,13 +1567,13 @@ static void test_disconnects_free_blocks(void **state)
     disconnects_free_blocks(&g_main, false);
 }
 
-/* With speculation on (the model's first layers drafting four tokens a step), greedy text
- * over HTTP is what the plain server gives, and dropped streams give back the draft
- * model's KV as well as the target's. */
+/* With speculation on (a Q8_0 copy of the model's first layers, with a KV of its own,
+ * drafting four tokens a step), greedy text over HTTP is what the plain server gives, and
+ * dropped streams give back the drafter's KV as well as the target's. */
 static void test_speculation_over_http(void **state)
 {
     (void)state;
-    srv_start(&g_extra, "--spec self --self-layers 2 --spec-fixed-k --spec-k 4");
+    srv_start(&g_extra, "--spec self --self-layers 2 --self-type q8_0 --spec-fixed-k --spec-k 4");
     const char *body = "{\"prompt\":\"Once upon a time, there was a little girl\",\"max_tokens\":120,\"temperature\":0}";
     json_t *plain = post_ok(g_main.port, "/v1/completions", body), *spec = post_ok(g_extra.port, "/v1/completions", body);
     assert_string_equal(choice_text(spec, 0), choice_text(plain, 0));

@@ -11,6 +11,9 @@
 #include "blade/spec.h"
 #include "blade/synth.h"
 #include "blade/types.h"
+#include "blade/runner.h"
+#include "blade/sampler.h"
+#include "engine/spec_draft.h"
 #include "engine/spec_policy.h"
 
 #include <math.h>
@@ -404,11 +407,92 @@ static void test_self_draft_bit_identical(void **state)
         {256, 256, 2, BLADE_SPEC_SELF, 4, NULL, 0, false, "q4_0", false},
         {40, 24, 3, BLADE_SPEC_SELF, 6, NULL, 0, false, "q8_0", false},
         {256, 9, 1, BLADE_SPEC_SELF, 3, NULL, 0, true, "q4_0", false},
+        {256, 9, 2, BLADE_SPEC_SELF, 5, NULL, 0, true, NULL, false},
     };
     check_bit_identical(shapes, sizeof shapes / sizeof shapes[0]);
 }
 
 /* A draft that cannot draft for the target is refused with the reason; nothing crashes. */
+/* The early-exit view drafts in the target's own KV: its drafts are what the same layers
+ * make with a KV of their own, computed from scratch (exactly: the runner is chunk
+ * invariant), and the target's
+ * sequence gets back exactly the blocks it held. */
+static void test_self_draft_shares_target_kv(void **state)
+{
+    (void)state;
+    enum { L = 3, N = 33, K = 5, BS = 16 };
+    blade_model *m = load_stories();
+    blade_error err = {{0}};
+    blade_threadpool *pool = blade_threadpool_new(2);
+    blade_kv_store_config sc = blade_model_kv_config(&m->hp, BLADE_KV_F16, BS, 0);
+    sc.n_blocks = 16;
+    blade_kv_store *store = blade_kv_store_new(&sc, &err);
+    blade_kv_cache_config kc = {.n_blocks = 16, .block_size = BS, .prefix_caching = true};
+    blade_kv_cache *kv = blade_kv_cache_new(&kc, &err);
+    blade_runner *target = blade_runner_new(m, store, pool, 64, &err);
+    assert_non_null(target);
+    int32_t tokens[N + K];
+    for (int32_t i = 0; i < N; i++)
+        tokens[i] = 1 + (i * 37 + 11) % (m->hp.n_vocab - 1);
+    /* the target has computed all but the last token, as for a decode; its blocks end
+     * there, so the drafts need a block more */
+    blade_kv_cache_seq seq;
+    blade_kv_cache_seq_init(&seq, kv, NULL, 0);
+    assert_int_equal(blade_kv_cache_allocate(kv, &seq, N - 1), 0);
+    blade_batch_seq b = {.tokens = tokens, .n_tokens = N - 1, .pos0 = 0, .block_table = seq.blocks,
+                         .n_blocks = seq.n_blocks};
+    assert_int_equal(blade_runner_forward(target, &b, 1, &err), 0);
+    int32_t held = seq.n_blocks;
+
+    spec_draft *d = spec_draft_new(NULL, L, BLADE_SPEC_SELF_OWN, m, store, kv, 0, BS, BLADE_KV_F16, pool, 64, 4, &err);
+    assert_non_null(d);
+    spec_draft_seq ds;
+    spec_draft_seq_init(d, &ds);
+    spec_draft_job job = {.seq = &ds, .target_seq = &seq, .tokens = tokens, .n_tokens = N, .k = K};
+    spec_calib calib;
+    spec_calib_init(&calib);
+    assert_int_equal(spec_draft_propose(d, &job, 1, &calib, &err), 0);
+    assert_int_equal(job.n_out, K);
+    assert_int_equal(seq.n_blocks, held);
+    blade_kv_cache_stats st;
+    blade_kv_cache_stats_get(kv, &st);
+    assert_int_equal(st.blocks_used, held);
+
+    /* the same layers with a store of their own, from scratch: the prompt, then each draft */
+    blade_model view = *m;
+    view.hp.n_layer = L;
+    blade_kv_store_config vc = blade_model_kv_config(&view.hp, BLADE_KV_F16, BS, 0);
+    vc.n_blocks = 4;
+    blade_kv_store *own = blade_kv_store_new(&vc, &err);
+    blade_runner *ref = blade_runner_new(&view, own, pool, 64, &err);
+    assert_non_null(ref);
+    int32_t table[4] = {0, 1, 2, 3};
+    float *logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    int32_t want[N + K];
+    memcpy(want, tokens, sizeof(int32_t) * N);
+    for (int32_t i = 0; i < K; i++) {
+        int32_t from = i == 0 ? 0 : N + i - 1;
+        blade_batch_seq r = {.tokens = want + from, .n_tokens = N + i - from, .pos0 = from, .block_table = table,
+                             .n_blocks = 4, .n_logits = 1, .logits = logits};
+        assert_int_equal(blade_runner_forward(ref, &r, 1, &err), 0);
+        want[N + i] = blade_argmax(logits, m->hp.n_vocab);
+        assert_int_equal(tokens[N + i], want[N + i]);
+    }
+
+    free(logits);
+    blade_runner_free(ref);
+    blade_kv_store_free(own);
+    spec_draft_seq_destroy(&ds);
+    spec_draft_free(d);
+    blade_kv_cache_release(kv, &seq);
+    blade_kv_cache_seq_destroy(&seq);
+    blade_runner_free(target);
+    blade_kv_cache_free(kv);
+    blade_kv_store_free(store);
+    blade_threadpool_free(pool);
+    blade_model_free(m);
+}
+
 static void test_draft_model_refused(void **state)
 {
     (void)state;
@@ -817,6 +901,28 @@ static void test_policy(void **state)
     assert_true(fabs(spec_accept_rate(&a) - 4.41 / 6.22) < 1e-12);
     spec_accept_update(&a, 0, 0);
     assert_true(fabs(spec_accept_rate(&a) - 4.41 / 6.22) < 1e-12);
+
+    /* a new sequence starts where the traffic is, weighing as the prior */
+    spec_accept traffic, fresh;
+    spec_accept_init(&traffic);
+    for (int i = 0; i < 30; i++)
+        spec_accept_update(&traffic, 2, 0);
+    spec_accept_start(&fresh, &traffic);
+    assert_true(fabs(spec_accept_rate(&fresh) - spec_accept_rate(&traffic)) < 1e-12);
+    assert_true(spec_accept_rate(&fresh) < 0.05);
+    assert_true(fabs(fresh.trials - 2) < 1e-12);
+    assert_int_equal(fresh.idle, 0);
+
+    /* a sequence left without drafts tries again once the steps it sat out pay for the
+     * try at SPEC_PROBE_SHARE: one token more (0.05) and a call of 0.2 of a step */
+    double gentle[6] = {0, 1, 1.05, 1.1, 1.15, 1.2};
+    int32_t wait = (int32_t)ceil(0.25 / SPEC_PROBE_SHARE - 1e-9);
+    assert_false(spec_policy_probe(gentle, 5, 1, 0.2, wait - 1));
+    assert_true(spec_policy_probe(gentle, 5, 1, 0.2, wait));
+    /* never where a draft at the prior's rate would not pay: a compute-bound step, or a
+     * call dearer than the token it may save */
+    assert_false(spec_policy_probe(linear, 17, 16, 0, 1000000));
+    assert_false(spec_policy_probe(gentle, 5, 1, 0.5, 1000000));
 }
 
 /* The calibration starts from its priors and follows what verification shows, band by
@@ -1125,6 +1231,7 @@ int main(void)
         cmocka_unit_test(test_ngram_bit_identical),
         cmocka_unit_test(test_draft_model_bit_identical),
         cmocka_unit_test(test_self_draft_bit_identical),
+        cmocka_unit_test(test_self_draft_shares_target_kv),
         cmocka_unit_test(test_draft_model_refused),
         cmocka_unit_test(test_sampled_distribution),
         cmocka_unit_test(test_policy),

@@ -206,6 +206,9 @@ typedef struct blade_engine_stats {
     uint64_t solo_decode_steps[BLADE_SPEC_MAX_K + 2];
     double solo_decode_seconds[BLADE_SPEC_MAX_K + 2];
     double spec_draft_seconds;
+    /* sequence-steps that called the drafting model (draft or self), whether or not any
+     * of what it drafted was verified */
+    uint64_t spec_draft_calls;
 } blade_engine_stats;
 
 void blade_engine_stats_get(blade_engine *e, blade_engine_stats *out);

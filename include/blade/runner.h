@@ -42,7 +42,9 @@ typedef struct blade_batch_seq {
 
 typedef struct blade_runner blade_runner;
 
-/* max_batch_tokens bounds the total new tokens of one call (scratch is sized for it). */
+/* max_batch_tokens bounds the total new tokens of one call (scratch is sized for it). The
+ * store has the model's KV shape, or more layers than the model, of which it uses the
+ * first (an early-exit view sharing its target's store). */
 blade_runner *blade_runner_new(const blade_model *m, blade_kv_store *kv, blade_threadpool *pool,
                                int32_t max_batch_tokens, blade_error *err);
 void blade_runner_free(blade_runner *r);

@@ -25,8 +25,8 @@ typedef enum blade_spec_mode {
      * sequences, with its own paged KV */
     BLADE_SPEC_DRAFT = 2,
     /* self-draft: the target's own first self_layers layers, then its final norm and
-     * classifier (early exit), with their own small KV; with self_type, those layers and
-     * the classifier as a lower-precision copy made at load */
+     * classifier (early exit), drafting in the target's own KV; with self_type, those
+     * layers and the classifier as a lower-precision copy made at load, with a KV of its own */
     BLADE_SPEC_SELF = 3,
 } blade_spec_mode;
 

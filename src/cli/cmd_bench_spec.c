@@ -217,7 +217,11 @@ static void print_steps_as_run(const char *name, const blade_engine_stats *st)
                (unsigned long long)st->solo_decode_steps[t]);
         sep = ",";
     }
-    printf("; drafting %.3f ms per step\n", steps ? st->spec_draft_seconds / (double)steps * 1e3 : 0.0);
+    printf("; drafting %.3f ms per step", steps ? st->spec_draft_seconds / (double)steps * 1e3 : 0.0);
+    if (st->spec_draft_calls)
+        printf(", drafter called at %llu steps, %llu verified drafts", (unsigned long long)st->spec_draft_calls,
+               (unsigned long long)st->spec_verifies);
+    printf("\n");
 }
 
 typedef struct bench_spec_options {

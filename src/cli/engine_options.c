@@ -58,7 +58,7 @@ const cli_flag cli_engine_flags[] = {
     {.name = "draft-model", .kind = CLI_PATH, CLI_AT(E, cfg.spec.draft_model_path), .metavar = "FILE",
      .help = "a GGUF with this model's vocabulary drafts (implies --spec draft)"},
     {.name = "draft-kv-mem", .kind = CLI_SIZE, CLI_AT(E, cfg.spec.draft_kv_mem_bytes), .min = 1, .max = 0x1p50,
-     .metavar = "SIZE", .dflt = "as many tokens as --kv-mem holds", .help = "the draft model's KV memory"},
+     .metavar = "SIZE", .dflt = "as many tokens as --kv-mem holds", .help = "the draft model's KV memory (or --self-type's copy's)"},
     {.name = "self-layers", .kind = CLI_INT, CLI_AT(E, cfg.spec.self_layers), .min = 1, .max = 1 << 16,
      .metavar = "L", .dflt = "a quarter of the layers; all with --self-type",
      .help = "layers of the model that draft with --spec self"},

@@ -187,6 +187,7 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
     e->cands = malloc(seqs * sizeof *e->cands);
     e->spec_gain = malloc(seqs * BLADE_SPEC_MAX_K * sizeof *e->spec_gain);
     spec_calib_init(&e->calib);
+    spec_accept_init(&e->spec_traffic);
     e->cand_owner = malloc(seqs * sizeof *e->cand_owner);
     bool scratch = e->row_ids && e->item_row && e->item_out && e->item_bad && e->spec_out && e->draft_jobs &&
                    e->draft_owner && e->spec_probs && e->cands && e->spec_gain && e->cand_owner;
@@ -194,9 +195,8 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
         bool self = cfg->spec.mode == BLADE_SPEC_SELF;
         bool own = cfg->spec.self_type == BLADE_SPEC_SELF_OWN;
         int32_t layers = cfg->spec.self_layers > 0 ? cfg->spec.self_layers : own ? (m->hp.n_layer + 3) / 4 : m->hp.n_layer;
-        e->draft = spec_draft_new(self ? NULL : cfg->spec.draft_model_path, layers, cfg->spec.self_type, m,
-                                  cfg->spec.draft_kv_mem_bytes,
-                                  (int64_t)n_blocks * cfg->block_size, cfg->block_size, cfg->kv_type, e->pool,
+        e->draft = spec_draft_new(self ? NULL : cfg->spec.draft_model_path, layers, cfg->spec.self_type, m, e->store,
+                                  e->kv, cfg->spec.draft_kv_mem_bytes, cfg->block_size, cfg->kv_type, e->pool,
                                   runner_tokens, cfg->sched.max_seqs, err);
         if (!e->draft) {
             blade_engine_free(e, false);

@@ -37,6 +37,7 @@ typedef struct request_state {
     spec_draft_seq draft; /* its state in the draft model, with --spec draft */
     spec_accept accept;   /* how often its drafts are kept */
     int32_t spec_k;       /* drafts it may carry this step (engine thread) */
+    bool spec_probe;      /* this step's draft is a try after sitting out (spec_policy_probe): one */
     /* its model drafts' confidences and sources this step, for the calibration */
     float spec_conf[BLADE_SPEC_MAX_K];
     uint8_t spec_source[BLADE_SPEC_MAX_K];
@@ -130,6 +131,8 @@ struct blade_engine {
     uint64_t solo_decode_steps[BLADE_SPEC_MAX_K + 2];
     double solo_decode_seconds[BLADE_SPEC_MAX_K + 2];
     double spec_draft_seconds;
+    uint64_t spec_draft_calls;
+    spec_accept spec_traffic; /* every sequence's drafts together: where new ones start */
     uint64_t computed_tokens, generated_tokens, finished;
     int32_t max_running;
     const blade_kv_cache_seq **live_kv; /* scratch for invariant checks */

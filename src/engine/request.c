@@ -192,7 +192,6 @@ static request_state *new_choice(const blade_engine *e, const blade_request *q, 
         return blade_error_set(err, "out of memory"), NULL;
     r->pin_prefix = q->pin_prefix;
     r->speculative = q->speculative;
-    spec_accept_init(&r->accept);
     r->seq.cls = q->cls;
     if (first) {
         r->tokens = malloc((size_t)first->cap_tokens * sizeof *r->tokens);

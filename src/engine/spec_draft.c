@@ -18,8 +18,12 @@ struct spec_draft {
     blade_model *m;
     bool view;    /* m is a view of the target's first layers (self-draft), not a model of its own */
     bool lowered; /* m is a lower-precision copy of the target's first layers (self-draft) */
-    blade_kv_store *store;
-    blade_kv_cache *kv;
+    /* The early-exit view drafts in the target's own KV (shared): the target's step has
+     * already put there, for every computed token, what the view's layers would compute,
+     * so the view never catches up; a drafting model of its own keeps its own KV. */
+    bool shared;
+    blade_kv_store *store; /* the target's when shared */
+    blade_kv_cache *kv;    /* the target's when shared */
     blade_runner *runner;
     int32_t max_batch_tokens;
     int32_t max_seqs;
@@ -56,8 +60,9 @@ int spec_draft_check_vocab(const blade_model *target, const blade_model *draft, 
 }
 
 spec_draft *spec_draft_new(const char *path, int32_t self_layers, uint32_t self_type, const blade_model *target,
-                           size_t kv_mem_bytes, int64_t target_kv_tokens, int32_t block_size, blade_kv_type kv_type,
-                           blade_threadpool *pool, int32_t max_batch_tokens, int32_t max_seqs, blade_error *err)
+                           blade_kv_store *target_store, blade_kv_cache *target_kv, size_t kv_mem_bytes,
+                           int32_t block_size, blade_kv_type kv_type, blade_threadpool *pool,
+                           int32_t max_batch_tokens, int32_t max_seqs, blade_error *err)
 {
     spec_draft *d = calloc(1, sizeof *d);
     if (!d)
@@ -89,6 +94,7 @@ spec_draft *spec_draft_new(const char *path, int32_t self_layers, uint32_t self_
         *d->m = *target;
         d->m->hp.n_layer = self_layers;
         d->view = true;
+        d->shared = true;
     } else if (!(d->m = blade_model_load(path, &lerr))) {
         blade_error_set(err, "draft model %s: %s", path, lerr.msg);
         goto fail;
@@ -96,22 +102,28 @@ spec_draft *spec_draft_new(const char *path, int32_t self_layers, uint32_t self_
         blade_error_set(err, "draft model %s cannot draft for this model: %s", path, lerr.msg);
         goto fail;
     }
-    blade_kv_store_config sc = blade_model_kv_config(&d->m->hp, kv_type, block_size, 0);
-    size_t block_bytes = blade_kv_store_block_bytes(&sc);
-    int64_t n_blocks = kv_mem_bytes ? (int64_t)(kv_mem_bytes / (block_bytes ? block_bytes : 1))
-                                    : target_kv_tokens / block_size;
-    if (block_bytes == 0 || n_blocks < 1 || n_blocks > INT32_MAX / block_size) {
-        blade_error_set(err, "--draft-kv-mem of %zu bytes gives %lld draft KV blocks of %zu bytes; need 1..%d",
-                        kv_mem_bytes, (long long)n_blocks, block_bytes, INT32_MAX / block_size);
-        goto fail;
-    }
-    sc.n_blocks = (int32_t)n_blocks;
-    blade_kv_cache_config kc = {.n_blocks = (int32_t)n_blocks, .block_size = block_size, .prefix_caching = false};
     d->max_batch_tokens = max_batch_tokens;
     d->max_seqs = max_seqs;
     d->max_context = d->m->hp.n_ctx_train;
-    if (!(d->store = blade_kv_store_new(&sc, err)) || !(d->kv = blade_kv_cache_new(&kc, err)) ||
-        !(d->runner = blade_runner_new(d->m, d->store, pool, max_batch_tokens, err)))
+    if (d->shared) {
+        d->store = target_store;
+        d->kv = target_kv;
+    } else {
+        blade_kv_store_config sc = blade_model_kv_config(&d->m->hp, kv_type, block_size, 0);
+        size_t block_bytes = blade_kv_store_block_bytes(&sc);
+        int64_t n_blocks = kv_mem_bytes ? (int64_t)(kv_mem_bytes / (block_bytes ? block_bytes : 1))
+                                        : (int64_t)target_store->n_blocks;
+        if (block_bytes == 0 || n_blocks < 1 || n_blocks > INT32_MAX / block_size) {
+            blade_error_set(err, "--draft-kv-mem of %zu bytes gives %lld draft KV blocks of %zu bytes; need 1..%d",
+                            kv_mem_bytes, (long long)n_blocks, block_bytes, INT32_MAX / block_size);
+            goto fail;
+        }
+        sc.n_blocks = (int32_t)n_blocks;
+        blade_kv_cache_config kc = {.n_blocks = (int32_t)n_blocks, .block_size = block_size, .prefix_caching = false};
+        if (!(d->store = blade_kv_store_new(&sc, err)) || !(d->kv = blade_kv_cache_new(&kc, err)))
+            goto fail;
+    }
+    if (!(d->runner = blade_runner_new(d->m, d->store, pool, max_batch_tokens, err)))
         goto fail;
     d->batch = calloc((size_t)max_seqs, sizeof *d->batch);
     d->job_of = calloc((size_t)max_seqs, sizeof *d->job_of);
@@ -138,8 +150,10 @@ void spec_draft_free(spec_draft *d)
     free(d->logits);
     free(d->alive);
     blade_runner_free(d->runner);
-    blade_kv_cache_free(d->kv);
-    blade_kv_store_free(d->store);
+    if (!d->shared) {
+        blade_kv_cache_free(d->kv);
+        blade_kv_store_free(d->store);
+    }
     if (d->view)
         free(d->m);
     else if (d->lowered)
@@ -167,12 +181,14 @@ double spec_draft_step_seconds(spec_draft *d)
 void spec_draft_seq_init(spec_draft *d, spec_draft_seq *s)
 {
     memset(s, 0, sizeof *s);
-    blade_kv_cache_seq_init(&s->kv, d->kv, NULL, 0);
+    if (!d->shared)
+        blade_kv_cache_seq_init(&s->kv, d->kv, NULL, 0);
 }
 
 void spec_draft_seq_release(spec_draft *d, spec_draft_seq *s)
 {
-    blade_kv_cache_release(d->kv, &s->kv);
+    if (!d->shared)
+        blade_kv_cache_release(d->kv, &s->kv);
     s->n_computed = 0;
     s->n_fed = 0;
 }
@@ -184,12 +200,15 @@ void spec_draft_seq_destroy(spec_draft_seq *s)
 
 int spec_draft_check_kv(const spec_draft *d, const blade_kv_cache_seq *const *seqs, int32_t n_seqs, blade_error *err)
 {
-    return blade_kv_cache_check(d->kv, seqs, n_seqs, err);
+    return d->shared ? 0 : blade_kv_cache_check(d->kv, seqs, n_seqs, err);
 }
 
 void spec_draft_kv_stats(const spec_draft *d, blade_kv_cache_stats *st)
 {
-    blade_kv_cache_stats_get(d->kv, st);
+    if (d->shared)
+        memset(st, 0, sizeof *st);
+    else
+        blade_kv_cache_stats_get(d->kv, st);
 }
 
 int32_t spec_draft_max_context(const spec_draft *d)
@@ -210,10 +229,33 @@ static void catch_up_state(spec_draft *d, spec_draft_job *j)
     blade_kv_cache_truncate(d->kv, &s->kv, s->n_computed);
 }
 
+/* Where job j's drafting KV lives: its own, or (shared) the target sequence's. */
+static blade_kv_cache_seq *job_kv(const spec_draft *d, spec_draft_job *j)
+{
+    return d->shared ? j->target_seq : &j->seq->kv;
+}
+
+/* In the target's KV the view reads every computed token and writes only its drafts'
+ * positions, which the verify step computes again (the runner is chunk invariant, so
+ * alike): the target gets back the blocks it held before (a scheduler reserving whole
+ * lengths keeps its reservation), and the view's state is empty again. */
+static void end_shared(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs)
+{
+    if (!d->shared)
+        return;
+    int32_t bs = blade_kv_cache_block_size(d->kv);
+    for (int32_t i = 0; i < n_jobs; i++) {
+        spec_draft_seq *s = jobs[i].seq;
+        blade_kv_cache_truncate(d->kv, jobs[i].target_seq, s->target_blocks * bs);
+        s->n_computed = s->n_fed = 0;
+    }
+}
+
 /* After a failed call nothing is known about what the draft KV holds: every job drafts
  * nothing and starts again from scratch. */
 static void fail_all(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs)
 {
+    end_shared(d, jobs, n_jobs);
     for (int32_t i = 0; i < n_jobs; i++) {
         jobs[i].n_out = 0;
         spec_draft_seq_release(d, jobs[i].seq);
@@ -278,7 +320,12 @@ int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, cons
     for (int32_t i = 0; i < n_jobs && n < d->max_seqs; i++) {
         spec_draft_job *j = &jobs[i];
         spec_draft_seq *s = j->seq;
-        catch_up_state(d, j);
+        if (d->shared) {
+            s->n_computed = j->n_tokens - 1;
+            s->target_blocks = j->target_seq->n_blocks;
+        } else {
+            catch_up_state(d, j);
+        }
         int32_t k = j->k;
         if (j->n_tokens + k - 1 > d->max_context)
             k = d->max_context - j->n_tokens + 1;
@@ -288,7 +335,8 @@ int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, cons
         int32_t take = catch <= budget ? catch : budget;
         bool drafts = take == catch && k > 0;
         int32_t need = s->n_computed + take + (drafts ? k - 1 : 0);
-        if (blade_kv_cache_allocate(d->kv, &s->kv, need) != 0)
+        blade_kv_cache_seq *kv = job_kv(d, j);
+        if (blade_kv_cache_allocate(d->kv, kv, need) != 0)
             continue;
         budget -= take;
         j->k = drafts ? k : 0;
@@ -297,15 +345,17 @@ int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, cons
             .tokens = j->tokens + s->n_computed,
             .n_tokens = take,
             .pos0 = s->n_computed,
-            .block_table = s->kv.blocks,
-            .n_blocks = s->kv.n_blocks,
+            .block_table = kv->blocks,
+            .n_blocks = kv->n_blocks,
             .n_logits = drafts ? 1 : 0,
             .logits = d->logits + (size_t)n * n_vocab,
         };
         n++;
     }
-    if (n == 0)
+    if (n == 0) {
+        end_shared(d, jobs, n_jobs);
         return 0;
+    }
     if (blade_runner_forward(d->runner, d->batch, n, err)) {
         fail_all(d, jobs, n_jobs);
         return -1;
@@ -328,14 +378,15 @@ int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, cons
             if (j->n_out != step || j->k <= step || d->alive[i] < j->stop_below)
                 continue;
             int32_t last = j->tokens[j->n_tokens + step - 1];
+            const blade_kv_cache_seq *kv = job_kv(d, j);
             d->pos_token[n] = last;
             d->job_of[n] = i;
             d->batch[n] = (blade_batch_seq){
                 .tokens = &d->pos_token[n],
                 .n_tokens = 1,
                 .pos0 = s->n_computed + s->n_fed,
-                .block_table = s->kv.blocks,
-                .n_blocks = s->kv.n_blocks,
+                .block_table = kv->blocks,
+                .n_blocks = kv->n_blocks,
                 .n_logits = 1,
                 .logits = d->logits + (size_t)n * n_vocab,
             };
@@ -351,5 +402,6 @@ int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, cons
         for (int32_t b = 0; b < n; b++)
             push_draft(d, &jobs[d->job_of[b]], d->job_of[b], d->logits + (size_t)b * n_vocab, calib);
     }
+    end_shared(d, jobs, n_jobs);
     return 0;
 }

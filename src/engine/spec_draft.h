@@ -2,12 +2,17 @@
 #define BLADE_ENGINE_SPEC_DRAFT_H
 
 /* The draft model (spec.h, BLADE_SPEC_DRAFT, and BLADE_SPEC_SELF's early-exit view of the
- * target): a second, smaller model with the target's
- * vocabulary, its own paged KV (the same store and block manager as the target's, its own
- * budget) and its own runner. It drafts for every speculating sequence at once: one ragged
- * call catches each sequence up on the tokens it has not seen (its prompt the first time,
- * then what the target accepted since) and yields each one's first draft, then one call
- * per further draft token. Engine thread only. */
+ * target): a second, smaller model with the target's vocabulary, its own paged KV (the
+ * same store and block manager as the target's, its own budget) and its own runner. It
+ * drafts for every speculating sequence at once: one ragged call catches each sequence up
+ * on the tokens it has not seen (its prompt the first time, then what the target accepted
+ * since) and yields each one's first draft, then one call per further draft token.
+ *
+ * The early-exit view has no KV of its own: its layers are the target's first ones, whose
+ * KV the target's steps have already written for every computed token, so it drafts in the
+ * target's store and never catches up. Catching up cost it as much as drafting: on the
+ * TinyLlama-shaped stories target, 5 of 22 layers caught up 0.40 ms per decoded token
+ * against 8 ms steps (MEASURED.md, stop 37). Engine thread only. */
 
 #include "blade/error.h"
 #include "blade/kernels.h"
@@ -32,11 +37,15 @@ typedef struct spec_draft_seq {
     int32_t n_computed;
     int32_t fed[BLADE_SPEC_MAX_K];
     int32_t n_fed;
+    int32_t target_blocks; /* shared KV: the target's blocks before the drafts' */
 } spec_draft_seq;
 
 /* One sequence to draft for this step. */
 typedef struct spec_draft_job {
     spec_draft_seq *seq;
+    /* the sequence's KV in the target, where an early-exit view drafts (it has computed
+     * all but the last of tokens) */
+    blade_kv_cache_seq *target_seq;
     /* the sequence's real tokens, then room for k drafts, which are written there (prompt
      * lookup reads the tokens and the drafts before the one it proposes as one text) */
     int32_t *tokens;
@@ -56,11 +65,14 @@ int spec_draft_check_vocab(const blade_model *target, const blade_model *draft, 
 
 /* Loads the draft model at path and checks it against the target; path NULL drafts with
  * the target's own first self_layers layers (early exit through its final norm and
- * classifier), or with self_type (not BLADE_SPEC_SELF_OWN) a copy of those layers and the
- * classifier requantized to that type. kv_mem_bytes 0 gives it as many token slots as target_kv_tokens. */
+ * classifier) in the target's store and KV cache, or with self_type (not
+ * BLADE_SPEC_SELF_OWN) a copy of those layers and the classifier requantized to that type.
+ * A drafter with KV of its own gets kv_mem_bytes of it, or with 0 as many blocks as the
+ * target's store. */
 spec_draft *spec_draft_new(const char *path, int32_t self_layers, uint32_t self_type, const blade_model *target,
-                           size_t kv_mem_bytes, int64_t target_kv_tokens, int32_t block_size, blade_kv_type kv_type,
-                           blade_threadpool *pool, int32_t max_batch_tokens, int32_t max_seqs, blade_error *err);
+                           blade_kv_store *target_store, blade_kv_cache *target_kv, size_t kv_mem_bytes,
+                           int32_t block_size, blade_kv_type kv_type, blade_threadpool *pool,
+                           int32_t max_batch_tokens, int32_t max_seqs, blade_error *err);
 void spec_draft_free(spec_draft *d);
 
 /* Seconds of a one-token draft step (for the policy's draft cost); -1 when it cannot be

@@ -49,10 +49,19 @@ int blade_spec_mode_parse(const char *s)
  * trials) lets a new sequence try drafting. */
 #define ACCEPT_DECAY 0.9
 
+#define ACCEPT_PRIOR_RATE 0.5
+
 void spec_accept_init(spec_accept *a)
 {
-    a->hits = 1.0;
+    a->hits = 2.0 * ACCEPT_PRIOR_RATE;
     a->trials = 2.0;
+    a->idle = 0;
+}
+
+void spec_accept_start(spec_accept *a, const spec_accept *traffic)
+{
+    spec_accept_init(a);
+    a->hits = spec_accept_rate(traffic) * a->trials;
 }
 
 void spec_accept_update(spec_accept *a, int32_t drafted, int32_t accepted)
@@ -168,6 +177,15 @@ void spec_policy_choose(const double *cost, int32_t n_cost, double base_value, i
         double gain;
         c[likeliest_next(c, n, &gain)].k++;
     }
+}
+
+bool spec_policy_probe(const double *cost, int32_t n_cost, int32_t base_tokens, double draft_cost, int32_t idle)
+{
+    int32_t tokens = base_tokens > 0 ? base_tokens : 1;
+    double base = step_cost(cost, n_cost, tokens), more = step_cost(cost, n_cost, tokens + 1) + draft_cost;
+    if ((tokens + ACCEPT_PRIOR_RATE) / more <= tokens / base)
+        return false;
+    return idle * SPEC_PROBE_SHARE * base >= more - base;
 }
 
 /* A step this much slower than its size's usual compute-bound time waited on memory: far

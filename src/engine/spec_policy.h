@@ -18,12 +18,21 @@
 
 /* Drafts accepted / drafts that could have been, decayed so a sequence whose text stops
  * repeating itself soon stops drafting. A run stopping at its first rejection is one
- * failure after `accepted` successes: the maximum-likelihood per-draft rate. */
+ * failure after `accepted` successes: the maximum-likelihood per-draft rate. A drafting
+ * model's call whose drafts were all too doubtful to verify counts as one rejected draft:
+ * the rate decides whether to call the drafter, and such a call gave nothing for its cost
+ * (self-draft was called at half its steps while 1 in 20 verified a draft: MEASURED.md,
+ * stop 37). */
 typedef struct spec_accept {
     double hits, trials;
+    int32_t idle; /* steps since it last drafted */
 } spec_accept;
 
 void spec_accept_init(spec_accept *a);
+/* A new sequence starts from the rate the engine's traffic has shown lately (an estimate
+ * updated with every sequence's), weighed as the prior is: where the drafter has been
+ * failing, a new request does not pay to find that out again. */
+void spec_accept_start(spec_accept *a, const spec_accept *traffic);
 void spec_accept_update(spec_accept *a, int32_t drafted, int32_t accepted);
 double spec_accept_rate(const spec_accept *a);
 
@@ -74,6 +83,15 @@ typedef struct spec_cand {
  * the step keeps the prefix of that order with the most expected tokens per unit of cost. */
 void spec_policy_choose(const double *cost, int32_t n_cost, double base_value, int32_t base_tokens, double draft_cost,
                         spec_cand *c, int32_t n);
+
+/* Whether a sequence the policy gave no drafts, idle steps in a row, drafts once anyway.
+ * Its rate learns only from drafts, so without a try now and then a sequence whose text
+ * turns predictable after a doubtful stretch would never draft again. A try is made only
+ * where a draft kept at the prior's rate would pay in this step (under load none would,
+ * and nothing is tried), and so seldom that tries cost at most SPEC_PROBE_SHARE of the
+ * steps between them. Arguments as spec_policy_choose's. */
+#define SPEC_PROBE_SHARE 0.01
+bool spec_policy_probe(const double *cost, int32_t n_cost, int32_t base_tokens, double draft_cost, int32_t idle);
 
 /* The verify-cost curve as the machine is now. A one-token step streams the weights and is
  * memory-bound; a step of more tokens adds arithmetic that hides under that stream until

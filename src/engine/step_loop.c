@@ -51,6 +51,7 @@ static void live_add(blade_engine *e, request_state *r)
     blade_kv_cache_seq_init(&r->seq.kv, e->kv, r->salt, r->salt ? strlen(r->salt) : 0);
     if (e->draft)
         spec_draft_seq_init(e->draft, &r->draft);
+    spec_accept_start(&r->accept, &e->spec_traffic);
     r->prev_live = NULL;
     r->next_live = e->live;
     if (e->live)
@@ -315,7 +316,14 @@ static int32_t step_work(const blade_engine *e)
     return (int32_t)(base < budget ? base : budget);
 }
 
-/* The policy's k for every sequence that may speculate, from its acceptance so far. */
+static void learn_acceptance(blade_engine *e, request_state *r, int32_t drafted, int32_t accepted)
+{
+    spec_accept_update(&r->accept, drafted, accepted);
+    spec_accept_update(&e->spec_traffic, drafted, accepted);
+}
+
+/* The policy's k for every sequence that may speculate, from its acceptance so far; one
+ * that has sat out long enough tries once (spec_policy_probe). */
 static void choose_k(blade_engine *e)
 {
     int32_t n = 0;
@@ -326,8 +334,16 @@ static void choose_k(blade_engine *e)
         }
     int32_t work = step_work(e);
     spec_policy_choose(e->curve.cost, e->curve.n, work, work, e->draft_cost, e->cands, n);
-    for (int32_t i = 0; i < n; i++)
-        e->cand_owner[i]->spec_k = e->cands[i].k;
+    for (int32_t i = 0; i < n; i++) {
+        request_state *r = e->cand_owner[i];
+        r->spec_probe = e->cands[i].k == 0 &&
+                        spec_policy_probe(e->curve.cost, e->curve.n, work, e->draft_cost, ++r->accept.idle);
+        if (r->spec_probe)
+            e->cands[i].k = 1;
+        if (e->cands[i].k > 0)
+            r->accept.idle = 0;
+        r->spec_k = e->cands[i].k;
+    }
 }
 
 /* Once a drafting model's drafts are made and rated: how many of each sequence's the step
@@ -374,9 +390,9 @@ static void propose_with_draft_model(blade_engine *e)
             spec_draft_seq_release(e->draft, &r->draft);
         if (r->spec_k > 0 && n < e->cfg.sched.max_seqs) {
             e->draft_owner[n] = r;
-            e->draft_jobs[n++] = (spec_draft_job){.seq = &r->draft, .tokens = r->tokens,
+            e->draft_jobs[n++] = (spec_draft_job){.seq = &r->draft, .target_seq = &r->seq.kv, .tokens = r->tokens,
                                                   .n_tokens = r->seq.n_tokens,
-                                                  .k = e->adaptive ? draft_room(e, r) : r->spec_k,
+                                                  .k = e->adaptive && !r->spec_probe ? draft_room(e, r) : r->spec_k,
                                                   .stop_below = e->adaptive ? stop_below : 0};
         }
     }
@@ -386,12 +402,17 @@ static void propose_with_draft_model(blade_engine *e)
     for (int32_t i = 0; i < n; i++) {
         request_state *r = e->draft_owner[i];
         const spec_draft_job *j = &e->draft_jobs[i];
+        e->spec_draft_calls += j->n_out > 0;
         r->seq.n_draft = j->n_out;
         memcpy(r->spec_conf, j->conf, (size_t)j->n_out * sizeof *j->conf);
         memcpy(r->spec_source, j->source, (size_t)j->n_out * sizeof *j->source);
     }
-    if (e->adaptive)
-        trim_drafts(e, n);
+    if (!e->adaptive)
+        return;
+    trim_drafts(e, n);
+    for (int32_t i = 0; i < n; i++)
+        if (e->draft_jobs[i].n_out > 0 && e->draft_owner[i]->seq.n_draft == 0)
+            learn_acceptance(e, e->draft_owner[i], 1, 0);
 }
 
 /* Puts each speculating sequence's drafts after its last token, where the plan finds them. */
@@ -401,6 +422,7 @@ static void propose_drafts(blade_engine *e)
     for (request_state *r = e->live; r; r = r->next_live) {
         r->seq.n_draft = 0;
         r->spec_k = draft_room(e, r);
+        r->spec_probe = false;
     }
     if (sc->mode == BLADE_SPEC_NONE)
         return;
@@ -438,7 +460,7 @@ static void verify_drafts(blade_engine *e, blade_sched_plan *plan)
         e->spec_accepted_tokens += (uint64_t)it->n_accepted;
         e->spec_accept_hist[it->n_accepted]++;
         e->spec_draft_hist[it->n_draft]++;
-        spec_accept_update(&r->accept, it->n_draft, it->n_accepted);
+        learn_acceptance(e, r, it->n_draft, it->n_accepted);
         /* the drafts up to the first rejected one are what verification has judged */
         if (e->draft)
             for (int32_t d = 0; d < it->n_draft && d <= it->n_accepted; d++)
@@ -723,6 +745,7 @@ static void publish_stats(blade_engine *e)
     memcpy(s->solo_decode_steps, e->solo_decode_steps, sizeof s->solo_decode_steps);
     memcpy(s->solo_decode_seconds, e->solo_decode_seconds, sizeof s->solo_decode_seconds);
     s->spec_draft_seconds = e->spec_draft_seconds;
+    s->spec_draft_calls = e->spec_draft_calls;
     memcpy(s->invariant_error, e->invariant_error, sizeof s->invariant_error);
     pthread_mutex_unlock(&e->mu);
 }

@@ -105,7 +105,9 @@ blade_runner *blade_runner_new(const blade_model *m, blade_kv_store *kv, blade_t
     const blade_hparams *hp = &m->hp;
     if (max_batch_tokens <= 0)
         return blade_error_set(err, "max_batch_tokens must be positive"), NULL;
-    if (kv->n_layer != hp->n_layer || kv->n_head_kv != hp->n_head_kv || kv->head_dim != hp->head_dim)
+    /* a deeper store is allowed: an early-exit view of a model (its first layers) drafts in
+     * its target's store, whose first layers already hold what the view would compute */
+    if (kv->n_layer < hp->n_layer || kv->n_head_kv != hp->n_head_kv || kv->head_dim != hp->head_dim)
         return blade_error_set(err, "the KV store's shape does not match the model"), NULL;
     blade_runner *r = calloc(1, sizeof *r);
     if (!r)
