@@ -442,7 +442,7 @@ static void test_different_vocabulary(void **state)
     char *other = temp_path("eval-other-vocab.gguf");
     blade_synth_spec spec = {
         .arch = BLADE_ARCH_LLAMA, .n_vocab = 600, .n_embd = 64, .n_layer = 1, .n_head = 2, .n_head_kv = 2,
-        .head_dim = 32, .n_ff = 128, .n_ctx = 256, .rope_base = 10000.0f, .weight_type = BLADE_TYPE_F32,
+        .head_dim = 32, .n_ff = 128, .n_ctx = 256, .rope_base = 10000.0f, .scheme = {.type = BLADE_TYPE_F32},
         .seed = 5, .vocab_path = NULL,
     };
     char *vocab = require_shared("models/stories260K.gguf");

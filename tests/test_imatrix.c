@@ -196,7 +196,7 @@ static char *synth_model(const char *name, uint32_t type, uint32_t sensitive, bo
     blade_synth_spec spec = {
         .arch = BLADE_ARCH_LLAMA, .n_vocab = 512, .n_embd = 256, .n_layer = 2, .n_head = 8, .n_head_kv = 4,
         .head_dim = 32, .n_ff = 512, .n_ctx = 256, .rope_base = 10000.0f, .tied_embeddings = tied,
-        .weight_type = type, .classifier_type = sensitive, .sensitive_type = sensitive, .seed = 7, .vocab_path = vocab,
+        .scheme = {.type = type, .classifier_type = sensitive, .sensitive_type = sensitive}, .seed = 7, .vocab_path = vocab,
     };
     blade_error err = {{0}};
     if (blade_synth_write(&spec, path, false, &err))

@@ -52,7 +52,7 @@ static int setup_all(void **state)
     curl_global_init(CURL_GLOBAL_DEFAULT);
     blade_synth_spec spec = {
         .arch = BLADE_ARCH_LLAMA, .n_vocab = 400, .n_embd = 16, .n_layer = 1, .n_head = 2, .n_head_kv = 1,
-        .head_dim = 8, .n_ff = 32, .n_ctx = 2048, .rope_base = 10000.0f, .weight_type = BLADE_TYPE_F32, .seed = 3,
+        .head_dim = 8, .n_ff = 32, .n_ctx = 2048, .rope_base = 10000.0f, .scheme = {.type = BLADE_TYPE_F32}, .seed = 3,
     };
     g_tok_path = temp_path("loadgen-tokenizer.gguf");
     blade_error err = {{0}};
@@ -1115,7 +1115,7 @@ static void test_cli_tokenizer_rss(void **state)
     g_fake.mode = FAKE_NORMAL;
     blade_synth_spec spec = {
         .arch = BLADE_ARCH_LLAMA, .n_vocab = 32000, .n_embd = 16, .n_layer = 1, .n_head = 2, .n_head_kv = 1,
-        .head_dim = 8, .n_ff = 32, .n_ctx = 2048, .rope_base = 10000.0f, .weight_type = BLADE_TYPE_F32, .seed = 5,
+        .head_dim = 8, .n_ff = 32, .n_ctx = 2048, .rope_base = 10000.0f, .scheme = {.type = BLADE_TYPE_F32}, .seed = 5,
     };
     char *model = temp_path("loadgen-vocab-model.gguf"), *small = temp_path("loadgen-vocab-small.gguf"),
          *big = temp_path("loadgen-vocab-big.gguf");

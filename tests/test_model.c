@@ -304,7 +304,7 @@ static blade_synth_spec small_spec(blade_arch arch)
     blade_synth_spec s = {
         .arch = arch, .n_vocab = 400, .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2,
         .head_dim = 16, .n_ff = 96, .n_ctx = 64, .rope_base = 10000.0f, .tied_embeddings = false,
-        .weight_type = BLADE_TYPE_F32, .seed = 7, .vocab_path = NULL,
+        .scheme = {.type = BLADE_TYPE_F32}, .seed = 7, .vocab_path = NULL,
     };
     return s;
 }
@@ -430,7 +430,7 @@ static void test_gate_up_fused_rows(void **state)
 {
     (void)state;
     blade_synth_spec spec = small_spec(BLADE_ARCH_LLAMA);
-    spec.weight_type = BLADE_TYPE_Q4_0;
+    spec.scheme.type = BLADE_TYPE_Q4_0;
     char *path = temp_path("synth-fused.gguf");
     blade_error err = {{0}};
     assert_int_equal(blade_synth_write(&spec, path, false, &err), 0);

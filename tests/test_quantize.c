@@ -438,14 +438,13 @@ static void test_synth_shares_recipe(void **state)
     (void)state;
     blade_synth_spec spec = {
         .arch = BLADE_ARCH_LLAMA, .n_vocab = 320, .n_embd = 256, .n_layer = 9, .n_head = 4, .n_head_kv = 2,
-        .head_dim = 64, .n_ff = 512, .n_ctx = 256, .rope_base = 10000.0f, .weight_type = BLADE_TYPE_F32, .seed = 5,
+        .head_dim = 64, .n_ff = 512, .n_ctx = 256, .rope_base = 10000.0f, .scheme = {.type = BLADE_TYPE_F32}, .seed = 5,
     };
     char *f32 = temp_path("recipe-f32.gguf"), *mix = temp_path("recipe-q4km.gguf"), *q = temp_path("recipe-q.gguf");
     blade_error err = {{0}};
     assert_int_equal(blade_synth_write(&spec, f32, false, &err), 0);
-    spec.weight_type = BLADE_TYPE_Q4_K;
-    spec.classifier_type = BLADE_TYPE_Q6_K;
-    spec.sensitive_type = BLADE_TYPE_Q6_K;
+    spec.scheme = (blade_quant_scheme){.type = BLADE_TYPE_Q4_K, .classifier_type = BLADE_TYPE_Q6_K,
+                                       .sensitive_type = BLADE_TYPE_Q6_K};
     assert_int_equal(blade_synth_write(&spec, mix, false, &err), 0);
     char args[1024];
     snprintf(args, sizeof args, "'%s' '%s' --type Q4_K_M", f32, q);

@@ -46,7 +46,7 @@ static char *model_path(uint32_t type, uint32_t sensitive, blade_arch arch)
     blade_synth_spec spec = {
         .arch = arch, .n_vocab = 320, .n_embd = 256, .n_layer = sensitive ? 3 : 2, .n_head = 8, .n_head_kv = 2,
         .head_dim = 32, .n_ff = 512, .n_ctx = 1024, .rope_base = 10000.0f, .tied_embeddings = false,
-        .weight_type = type, .classifier_type = sensitive, .sensitive_type = sensitive, .seed = 99, .vocab_path = NULL,
+        .scheme = {.type = type, .classifier_type = sensitive, .sensitive_type = sensitive}, .seed = 99, .vocab_path = NULL,
     };
     blade_error err = {{0}};
     if (blade_synth_write(&spec, path, false, &err))

@@ -479,7 +479,7 @@ static void test_embed_model(void **state)
     char *path = temp_path("server-embedder.gguf");
     blade_synth_spec spec = {
         .arch = BLADE_ARCH_LLAMA, .n_vocab = 512, .n_embd = 32, .n_layer = 2, .n_head = 2, .n_head_kv = 1,
-        .head_dim = 16, .n_ff = 64, .n_ctx = 512, .rope_base = 10000.0f, .weight_type = BLADE_TYPE_F32, .seed = 3,
+        .head_dim = 16, .n_ff = 64, .n_ctx = 512, .rope_base = 10000.0f, .scheme = {.type = BLADE_TYPE_F32}, .seed = 3,
         .vocab_path = g_model,
     };
     blade_error err = {{0}};

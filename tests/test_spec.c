@@ -511,7 +511,7 @@ static void test_draft_model_refused(void **state)
     char *other = temp_path("spec-other-vocab.gguf");
     blade_synth_spec s = {
         .arch = BLADE_ARCH_LLAMA, .n_vocab = 512, .n_embd = 64, .n_layer = 1, .n_head = 4, .n_head_kv = 2,
-        .head_dim = 16, .n_ff = 128, .n_ctx = 512, .rope_base = 10000.0f, .weight_type = BLADE_TYPE_F32, .seed = 3,
+        .head_dim = 16, .n_ff = 128, .n_ctx = 512, .rope_base = 10000.0f, .scheme = {.type = BLADE_TYPE_F32}, .seed = 3,
     };
     if (blade_synth_write(&s, other, false, &err))
         fail_msg("%s", err.msg);

@@ -28,7 +28,7 @@ static blade_synth_spec shape(blade_arch arch, int32_t n_embd, int32_t n_layer, 
 {
     return (blade_synth_spec){
         .arch = arch, .n_embd = n_embd, .n_layer = n_layer, .n_head = n_head, .n_head_kv = n_head_kv,
-        .head_dim = head_dim, .n_ff = n_ff, .n_ctx = 2048, .weight_type = type, .seed = 7,
+        .head_dim = head_dim, .n_ff = n_ff, .n_ctx = 2048, .scheme = {.type = type}, .seed = 7,
     };
 }
 

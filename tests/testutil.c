@@ -231,7 +231,7 @@ char *synth_small_model(const char *name, uint64_t seed)
     char *path = temp_path(name);
     blade_synth_spec s = {
         .arch = BLADE_ARCH_LLAMA, .n_vocab = 400, .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2,
-        .head_dim = 16, .n_ff = 128, .n_ctx = 2048, .rope_base = 10000.0f, .weight_type = BLADE_TYPE_Q8_0,
+        .head_dim = 16, .n_ff = 128, .n_ctx = 2048, .rope_base = 10000.0f, .scheme = {.type = BLADE_TYPE_Q8_0},
         .seed = seed,
     };
     blade_error err = {{0}};

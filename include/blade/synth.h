@@ -9,6 +9,7 @@
 
 #include "blade/error.h"
 #include "blade/model.h"
+#include "blade/quantize.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -25,13 +26,10 @@ typedef struct blade_synth_spec {
     int32_t n_ctx;
     float rope_base;
     bool tied_embeddings;
-    uint32_t weight_type; /* matrices; norms and biases stay F32 */
-    /* These follow blade quantize's recipe (blade_quant_scheme_type_for), as in
-     * blade_quant_scheme: when non-zero, the classifier's type, and the type of a "_M" mix's
-     * attn_v / ffn_down in the first and last eighth of the layers and every third layer
-     * between. */
-    uint32_t classifier_type;
-    uint32_t sensitive_type;
+    /* Which matrix gets which type, by blade quantize's recipe (blade_quant_scheme_type_for):
+     * scheme.type for the matrices (norms and biases stay F32), and where non-zero its
+     * classifier_type and a mix's sensitive_type. Only the types are read. */
+    blade_quant_scheme scheme;
     uint64_t seed;
     /* Vocabulary: copied from this GGUF's tokenizer.ggml.* keys (padded with filler tokens up
      * to n_vocab) when set; otherwise a byte-fallback SentencePiece vocabulary is made up. */

@@ -107,9 +107,7 @@ static int synth_main(int argc, char **argv)
         fprintf(stderr, "error: unknown shape '%s' (known: %s)\n", shape, blade_synth_shape_names());
         return 2;
     }
-    spec.weight_type = scheme->type;
-    spec.classifier_type = scheme->classifier_type;
-    spec.sensitive_type = scheme->sensitive_type;
+    spec.scheme = *scheme;
     spec.seed = (uint64_t)o.seed;
     if (o.from)
         return inflate(&spec, shape, scheme->name, o.from, o.noise >= 0.0 ? (float)o.noise : BLADE_SYNTH_DEFAULT_NOISE,

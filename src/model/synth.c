@@ -28,7 +28,7 @@ float synth_gaussian(synth *s)
 
 int synth_check_types(const blade_synth_spec *spec, blade_error *err)
 {
-    const uint32_t types[] = {spec->weight_type, spec->classifier_type, spec->sensitive_type};
+    const uint32_t types[] = {spec->scheme.type, spec->scheme.classifier_type, spec->scheme.sensitive_type};
     for (int i = 0; i < 3; i++)
         if ((i == 0 || types[i]) && !blade_type_supported(types[i]))
             return blade_error_set(err, "weight type %u is not supported", types[i]);
@@ -38,9 +38,7 @@ int synth_check_types(const blade_synth_spec *spec, blade_error *err)
 void synth_init(synth *s, const blade_synth_spec *spec, blade_error *err)
 {
     *s = (synth){.w = gguf_writer_new(),
-                 .scheme = {.type = spec->weight_type,
-                            .classifier_type = spec->classifier_type,
-                            .sensitive_type = spec->sensitive_type},
+                 .scheme = spec->scheme,
                  .n_layer = spec->n_layer,
                  .tied = spec->tied_embeddings,
                  .rng = spec->seed ^ 0x626c616465ull,
