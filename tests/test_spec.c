@@ -1057,6 +1057,56 @@ static void test_adaptive_engine(void **state)
     blade_model_free(m);
 }
 
+/* A drafter that does not pay is seldom called: stories260K's first layer alone drafts for
+ * it (rarely agreeing), each call costing a quarter of a step against a cheap verify. Calls
+ * whose drafts are all too doubtful to verify count against the request, new requests start
+ * from what earlier ones saw, and idle requests only try now and then; the output is plain
+ * decoding's. The run is deterministic (a given curve and draft cost): 7 calls for 420
+ * tokens, against 26 without the first two rules. */
+static void test_useless_drafter_seldom_called(void **state)
+{
+    (void)state;
+    blade_model *m = load_stories();
+    job *jobs = make_jobs(m);
+    result ref[N_PROMPTS], got[N_PROMPTS];
+    run_plain(m, jobs, N_PROMPTS, ref);
+    blade_engine_config cfg;
+    blade_engine_config_default(&cfg);
+    cfg.n_threads = 2;
+    cfg.kv_mem_bytes = 8 << 20;
+    cfg.check_invariants = true;
+    cfg.spec.mode = BLADE_SPEC_SELF;
+    cfg.spec.self_layers = 1;
+    cfg.spec.k = 4;
+    for (int t = 1; t <= cfg.spec.k + 1; t++)
+        cfg.spec.verify_cost[t] = 1 + 0.05 * (t - 1);
+    cfg.spec.draft_cost = 0.25;
+    blade_error err = {{0}};
+    blade_engine *e = blade_engine_new(m, &cfg, &err);
+    if (!e)
+        fail_msg("%s", err.msg);
+    /* one request after another, as the traffic prior assumes */
+    run_all(e, jobs, N_PROMPTS, got, m->hp.n_vocab, true);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        if (jobs[i].temperature == 0)
+            assert_same(&ref[i], &got[i], i, "self-draft from one layer");
+        test_record_free(&got[i]);
+    }
+    blade_engine_stats st;
+    blade_engine_stats_get(e, &st);
+    print_message("one-layer self-draft: called at %llu of %llu decoded tokens, %llu drafts verified, %llu "
+                  "accepted\n",
+                  (unsigned long long)st.spec_draft_calls, (unsigned long long)st.generated_tokens,
+                  (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_accepted_tokens);
+    assert_true(st.spec_draft_calls > 0);
+    assert_true(st.spec_draft_calls * 20 < st.generated_tokens);
+    assert_clean(e, "one-layer self-draft");
+    blade_engine_free(e, true);
+    free_results(ref, N_PROMPTS);
+    free(jobs);
+    blade_model_free(m);
+}
+
 /* The steps a request decodes alone are counted by their tokens: every verify of k drafts is
  * one step of 1 + k tokens, the rest are one-token steps, each with the runner's time; and
  * drafting's time is counted. */
@@ -1238,6 +1288,7 @@ int main(void)
         cmocka_unit_test(test_calibration),
         cmocka_unit_test(test_live_curve),
         cmocka_unit_test(test_adaptive_engine),
+        cmocka_unit_test(test_useless_drafter_seldom_called),
         cmocka_unit_test(test_solo_step_stats),
         cmocka_unit_test(test_prefix_cache_holds_no_rejected_token),
         cmocka_unit_test(test_stop_inside_accepted_run),

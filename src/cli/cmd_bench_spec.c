@@ -219,7 +219,7 @@ static void print_steps_as_run(const char *name, const blade_engine_stats *st)
     }
     printf("; drafting %.3f ms per step", steps ? st->spec_draft_seconds / (double)steps * 1e3 : 0.0);
     if (st->spec_draft_calls)
-        printf(", drafter called at %llu steps, %llu verified drafts", (unsigned long long)st->spec_draft_calls,
+        printf(", drafter called at %llu steps, %llu of them verifying drafts", (unsigned long long)st->spec_draft_calls,
                (unsigned long long)st->spec_verifies);
     printf("\n");
 }
