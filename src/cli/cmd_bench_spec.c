@@ -200,7 +200,8 @@ static double forward_per_token(const blade_engine_stats *st, int64_t decode_tok
 }
 
 /* The run's own verify curve: its steps of T tokens against its one-token steps, the
- * count of each after it, and what drafting took per step. */
+ * count of each after it, what drafting took per step, and how often the drafting model was
+ * called (a drafter that does not pay should seldom be). */
 static void print_steps_as_run(const char *name, const blade_engine_stats *st)
 {
     if (!st->solo_decode_steps[1])
@@ -219,8 +220,8 @@ static void print_steps_as_run(const char *name, const blade_engine_stats *st)
     }
     printf("; drafting %.3f ms per step", steps ? st->spec_draft_seconds / (double)steps * 1e3 : 0.0);
     if (st->spec_draft_calls)
-        printf(", drafter called at %llu steps, %llu of them verifying drafts", (unsigned long long)st->spec_draft_calls,
-               (unsigned long long)st->spec_verifies);
+        printf(", drafter called at %llu steps, %llu of them verifying drafts",
+               (unsigned long long)st->spec_draft_calls, (unsigned long long)st->spec_verifies);
     printf("\n");
 }
 
