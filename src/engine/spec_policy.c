@@ -46,9 +46,9 @@ int blade_spec_mode_parse(const char *s)
 }
 
 /* Decay per verify: about the last ten verify steps count. The prior (one hit in two
- * trials) lets a new sequence try drafting. */
+ * trials) lets an engine's first sequences try drafting; later ones start from the
+ * traffic's rate with the prior's weight (spec_accept_start). */
 #define ACCEPT_DECAY 0.9
-
 #define ACCEPT_PRIOR_RATE 0.5
 
 void spec_accept_init(spec_accept *a)

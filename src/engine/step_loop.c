@@ -316,6 +316,8 @@ static int32_t step_work(const blade_engine *e)
     return (int32_t)(base < budget ? base : budget);
 }
 
+/* What r's drafts showed teaches its own estimate and the traffic's, which new sequences
+ * start from. */
 static void learn_acceptance(blade_engine *e, request_state *r, int32_t drafted, int32_t accepted)
 {
     spec_accept_update(&r->accept, drafted, accepted);
