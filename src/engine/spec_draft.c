@@ -16,14 +16,14 @@
 
 struct spec_draft {
     blade_model *m;
-    bool view;    /* m is a view of the target's first layers (self-draft), not a model of its own */
+    /* m is a view of the target's first layers (self-draft), not a model of its own. The view
+     * drafts in the target's own KV: the target's step has already put there, for every
+     * computed token, what the view's layers would compute, so it never catches up; a
+     * drafting model of its own keeps its own KV. */
+    bool view;
     bool lowered; /* m is a lower-precision copy of the target's first layers (self-draft) */
-    /* The early-exit view drafts in the target's own KV (shared): the target's step has
-     * already put there, for every computed token, what the view's layers would compute,
-     * so the view never catches up; a drafting model of its own keeps its own KV. */
-    bool shared;
-    blade_kv_store *store; /* the target's when shared */
-    blade_kv_cache *kv;    /* the target's when shared */
+    blade_kv_store *store; /* the target's for a view */
+    blade_kv_cache *kv;    /* the target's for a view */
     blade_runner *runner;
     int32_t max_batch_tokens;
     int32_t max_seqs;
@@ -94,7 +94,6 @@ spec_draft *spec_draft_new(const char *path, int32_t self_layers, uint32_t self_
         *d->m = *target;
         d->m->hp.n_layer = self_layers;
         d->view = true;
-        d->shared = true;
     } else if (!(d->m = blade_model_load(path, &lerr))) {
         blade_error_set(err, "draft model %s: %s", path, lerr.msg);
         goto fail;
@@ -105,7 +104,7 @@ spec_draft *spec_draft_new(const char *path, int32_t self_layers, uint32_t self_
     d->max_batch_tokens = max_batch_tokens;
     d->max_seqs = max_seqs;
     d->max_context = d->m->hp.n_ctx_train;
-    if (d->shared) {
+    if (d->view) {
         d->store = target_store;
         d->kv = target_kv;
     } else {
@@ -150,16 +149,16 @@ void spec_draft_free(spec_draft *d)
     free(d->logits);
     free(d->alive);
     blade_runner_free(d->runner);
-    if (!d->shared) {
+    if (d->view) {
+        free(d->m);
+    } else {
         blade_kv_cache_free(d->kv);
         blade_kv_store_free(d->store);
+        if (d->lowered)
+            blade_model_lowered_free(d->m);
+        else
+            blade_model_free(d->m);
     }
-    if (d->view)
-        free(d->m);
-    else if (d->lowered)
-        blade_model_lowered_free(d->m);
-    else
-        blade_model_free(d->m);
     free(d);
 }
 
@@ -181,13 +180,13 @@ double spec_draft_step_seconds(spec_draft *d)
 void spec_draft_seq_init(spec_draft *d, spec_draft_seq *s)
 {
     memset(s, 0, sizeof *s);
-    if (!d->shared)
+    if (!d->view)
         blade_kv_cache_seq_init(&s->kv, d->kv, NULL, 0);
 }
 
 void spec_draft_seq_release(spec_draft *d, spec_draft_seq *s)
 {
-    if (!d->shared)
+    if (!d->view)
         blade_kv_cache_release(d->kv, &s->kv);
     s->n_computed = 0;
     s->n_fed = 0;
@@ -200,12 +199,12 @@ void spec_draft_seq_destroy(spec_draft_seq *s)
 
 int spec_draft_check_kv(const spec_draft *d, const blade_kv_cache_seq *const *seqs, int32_t n_seqs, blade_error *err)
 {
-    return d->shared ? 0 : blade_kv_cache_check(d->kv, seqs, n_seqs, err);
+    return d->view ? 0 : blade_kv_cache_check(d->kv, seqs, n_seqs, err);
 }
 
 void spec_draft_kv_stats(const spec_draft *d, blade_kv_cache_stats *st)
 {
-    if (d->shared)
+    if (d->view)
         memset(st, 0, sizeof *st);
     else
         blade_kv_cache_stats_get(d->kv, st);
@@ -229,10 +228,10 @@ static void catch_up_state(spec_draft *d, spec_draft_job *j)
     blade_kv_cache_truncate(d->kv, &s->kv, s->n_computed);
 }
 
-/* Where job j's drafting KV lives: its own, or (shared) the target sequence's. */
+/* Where job j's drafting KV lives: its own, or (a view) the target sequence's. */
 static blade_kv_cache_seq *job_kv(const spec_draft *d, spec_draft_job *j)
 {
-    return d->shared ? j->target_seq : &j->seq->kv;
+    return d->view ? j->target_seq : &j->seq->kv;
 }
 
 /* In the target's KV the view reads every computed token and writes only its drafts'
@@ -241,7 +240,7 @@ static blade_kv_cache_seq *job_kv(const spec_draft *d, spec_draft_job *j)
  * lengths keeps its reservation), and the view's state is empty again. */
 static void end_shared(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs)
 {
-    if (!d->shared)
+    if (!d->view)
         return;
     int32_t bs = blade_kv_cache_block_size(d->kv);
     for (int32_t i = 0; i < n_jobs; i++) {
@@ -320,7 +319,7 @@ int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, cons
     for (int32_t i = 0; i < n_jobs && n < d->max_seqs; i++) {
         spec_draft_job *j = &jobs[i];
         spec_draft_seq *s = j->seq;
-        if (d->shared) {
+        if (d->view) {
             s->n_computed = j->n_tokens - 1;
             s->target_blocks = j->target_seq->n_blocks;
         } else {

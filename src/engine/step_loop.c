@@ -338,12 +338,13 @@ static void choose_k(blade_engine *e)
     spec_policy_choose(e->curve.cost, e->curve.n, work, work, e->draft_cost, e->cands, n);
     for (int32_t i = 0; i < n; i++) {
         request_state *r = e->cand_owner[i];
-        r->spec_probe = e->cands[i].k == 0 &&
-                        spec_policy_probe(e->curve.cost, e->curve.n, work, e->draft_cost, ++r->accept.idle);
-        if (r->spec_probe)
-            e->cands[i].k = 1;
-        if (e->cands[i].k > 0)
+        if (e->cands[i].k > 0) {
             r->accept.idle = 0;
+        } else if (spec_policy_probe(e->curve.cost, e->curve.n, work, e->draft_cost, ++r->accept.idle)) {
+            r->spec_probe = true;
+            r->accept.idle = 0;
+            e->cands[i].k = 1;
+        }
         r->spec_k = e->cands[i].k;
     }
 }
