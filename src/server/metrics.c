@@ -92,11 +92,21 @@ void metrics_observe_e2e(metrics *m, double seconds)
     pthread_mutex_unlock(&m->mu);
 }
 
-void metrics_in_flight(metrics *m, int delta)
+static void gauge_add(metrics *m, int64_t *gauge, int delta)
 {
     pthread_mutex_lock(&m->mu);
-    m->d.http_in_flight += delta;
+    *gauge += delta;
     pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_in_flight(metrics *m, int delta)
+{
+    gauge_add(m, &m->d.http_in_flight, delta);
+}
+
+void metrics_queued(metrics *m, int delta)
+{
+    gauge_add(m, &m->d.http_queued, delta);
 }
 
 void metrics_remote_prefill(metrics *m, blade_disagg_cause cause)
@@ -154,6 +164,8 @@ void metrics_render(metrics *m, blade_engine *e, api_buf *out)
         out_printf(out, "blade:http_requests_total{status=\"%d\"} %llu\n", snap.by_status[i].status,
                    (unsigned long long)snap.by_status[i].count);
     scalar(out, "http_requests_in_flight", "gauge", "HTTP requests being answered now.", (double)snap.http_in_flight);
+    scalar(out, "http_requests_queued", "gauge", "Admitted requests that have not started yet (what --max-queue bounds).",
+           (double)snap.http_queued);
     header(out, "request_success_total", "counter", "Choices that finished, by finish reason.");
     out_printf(out, "blade:request_success_total{finished_reason=\"stop\"} %llu\n",
                (unsigned long long)snap.finished_stop);

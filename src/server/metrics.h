@@ -36,6 +36,7 @@ typedef struct metrics_data {
     uint64_t prompt_tokens, generation_tokens, cached_tokens;
     metrics_hist ttft, tpot, itl, e2e, queue;
     int64_t http_in_flight;
+    int64_t http_queued; /* admitted, no first event yet: what --max-queue bounds */
     uint64_t remote_prefills[BLADE_DISAGG_CAUSES]; /* decode role: by outcome */
 } metrics_data;
 
@@ -52,6 +53,7 @@ void metrics_count_status(metrics *m, int status);
 void metrics_observe(metrics *m, const api_timing *t);
 void metrics_observe_e2e(metrics *m, double seconds);
 void metrics_in_flight(metrics *m, int delta);
+void metrics_queued(metrics *m, int delta);
 /* A remote prefill tried for a request (decode role), by outcome. */
 void metrics_remote_prefill(metrics *m, blade_disagg_cause cause);
 /* The text exposition format; e may be NULL while the model loads. */

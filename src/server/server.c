@@ -264,6 +264,7 @@ static bool admit(conn *c, api_error *err)
                       s->cfg.max_queue);
     } else {
         s->queued++;
+        metrics_queued(&s->m, 1);
         s->inflight++;
         c->admitted = true;
         c->waiting_first = true;
@@ -281,8 +282,10 @@ static bool admit(conn *c, api_error *err)
 static void started(conn *c)
 {
     pthread_mutex_lock(&c->s->mu);
-    if (c->waiting_first)
+    if (c->waiting_first) {
         c->s->queued--;
+        metrics_queued(&c->s->m, -1);
+    }
     c->waiting_first = false;
     pthread_mutex_unlock(&c->s->mu);
 }
@@ -293,8 +296,10 @@ static void leave(conn *c)
 {
     server *s = c->s;
     pthread_mutex_lock(&s->mu);
-    if (c->waiting_first)
+    if (c->waiting_first) {
         s->queued--;
+        metrics_queued(&s->m, -1);
+    }
     c->waiting_first = false;
     s->inflight--;
     c->admitted = false;
