@@ -979,6 +979,24 @@ static void test_live_curve(void **state)
     }
     assert_true(fabs(c.cost[5] - 1.5) < 0.01);
     assert_true(c.cost[4] <= c.cost[5] && c.cost[3] <= c.cost[4]);
+    /* lone slow steps (the host pausing the process) among them are not the memory time */
+    double mem = c.mem_ms;
+    for (int i = 0; i < 40; i++) {
+        spec_curve_observe(&c, 5, i % 3 == 2 ? 30 : 13.5);
+        spec_curve_observe(&c, 1, 9);
+    }
+    assert_true(fabs(c.mem_ms - mem) < 0.01);
+    assert_true(fabs(c.cost[5] - 1.5) < 0.01);
+    /* a slow spell of five-token steps, then memory fast again with no one-token step at all:
+     * three-token steps faster than the spell's memory time bring it down */
+    for (int i = 0; i < 20; i++)
+        spec_curve_observe(&c, 5, 20);
+    assert_true(c.mem_ms > 19.9 && c.cost[5] < 1.01);
+    for (int i = 0; i < 40; i++)
+        spec_curve_observe(&c, 3, 9.5);
+    assert_true(c.mem_ms < 9.51);
+    assert_true(fabs(c.busy_ms[5] - 13.5) < 0.01);
+    assert_true(fabs(c.cost[5] - 13.5 / c.mem_ms) < 0.01);
     /* sizes beyond the curve and nonsense times change nothing */
     spec_curve before = c;
     spec_curve_observe(&c, 6, 1);

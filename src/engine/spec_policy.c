@@ -192,6 +192,12 @@ bool spec_policy_probe(const double *cost, int32_t n_cost, int32_t base_tokens, 
  * above the few percent steps of one size vary by while memory holds still, and below
  * the 1.4x by which a slow spell of memory stretched five-token Q4_0 steps here. */
 #define MEMORY_BOUND_MARGIN 1.3
+/* ...when it is one of this many in a row. A lone slow step is the host pausing the
+ * process, not memory: taken as the memory time, such steps (8.5-12 ms among 7.2 ms ones,
+ * Q4_0 target, Zen 5) raised it to 10.3 ms, which put every size's cost at 1.0-1.1 while
+ * the steps cost 1.4-1.6x a one-token one, and the policy, trusting it, drafted as deep as
+ * it could for the rest of the run. */
+#define SLOW_RUN_STEPS 3
 /* Both times follow the last few steps that show them. */
 #define CURVE_DECAY 0.7
 /* cost[2..n] from each size's measured ratio to one token (in place): at least 1, and
@@ -226,13 +232,18 @@ void spec_curve_init(spec_curve *c, const double *cost, int32_t n, double one_ms
     curve_update(c);
 }
 
+/* The memory time is what streaming the weights costs, so no step is faster: a step that
+ * is shows it lower. Without this, a memory time left high by a slow spell would never come
+ * down while the policy, seeing every size as free, runs no one-token steps. */
 void spec_curve_observe(spec_curve *c, int32_t t, double ms)
 {
     if (t < 1 || t > c->n || !(ms > 0))
         return;
-    if (t == 1 || ms > MEMORY_BOUND_MARGIN * c->busy_ms[t])
+    bool slow = t > 1 && ms > MEMORY_BOUND_MARGIN * c->busy_ms[t];
+    c->slow_run = slow ? c->slow_run + 1 : 0;
+    if (t == 1 || ms < c->mem_ms || c->slow_run >= SLOW_RUN_STEPS)
         c->mem_ms = CURVE_DECAY * c->mem_ms + (1 - CURVE_DECAY) * ms;
-    else
+    if (t > 1 && !slow)
         c->busy_ms[t] = CURVE_DECAY * c->busy_ms[t] + (1 - CURVE_DECAY) * ms;
     curve_update(c);
 }

@@ -106,6 +106,7 @@ typedef struct spec_curve {
     int32_t n; /* sizes 1..n */
     double busy_ms[BLADE_SPEC_MAX_K + 2];
     double mem_ms;
+    int32_t slow_run; /* steps of several tokens in a row slower than memory-bound */
     double cost[BLADE_SPEC_MAX_K + 2];
 } spec_curve;
 
