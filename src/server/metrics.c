@@ -92,21 +92,11 @@ void metrics_observe_e2e(metrics *m, double seconds)
     pthread_mutex_unlock(&m->mu);
 }
 
-static void gauge_add(metrics *m, int64_t *gauge, int delta)
-{
-    pthread_mutex_lock(&m->mu);
-    *gauge += delta;
-    pthread_mutex_unlock(&m->mu);
-}
-
 void metrics_in_flight(metrics *m, int delta)
 {
-    gauge_add(m, &m->d.http_in_flight, delta);
-}
-
-void metrics_queued(metrics *m, int delta)
-{
-    gauge_add(m, &m->d.http_queued, delta);
+    pthread_mutex_lock(&m->mu);
+    m->d.http_in_flight += delta;
+    pthread_mutex_unlock(&m->mu);
 }
 
 void metrics_remote_prefill(metrics *m, blade_disagg_cause cause)
@@ -153,7 +143,7 @@ static void hist(api_buf *out, const char *name, const char *help, const metrics
     out_printf(out, "blade:%s_count %llu\n", name, (unsigned long long)h->count);
 }
 
-void metrics_render(metrics *m, blade_engine *e, api_buf *out)
+void metrics_render(metrics *m, blade_engine *e, int queued, api_buf *out)
 {
     pthread_mutex_lock(&m->mu);
     metrics_data snap = m->d;
@@ -165,7 +155,7 @@ void metrics_render(metrics *m, blade_engine *e, api_buf *out)
                    (unsigned long long)snap.by_status[i].count);
     scalar(out, "http_requests_in_flight", "gauge", "HTTP requests being answered now.", (double)snap.http_in_flight);
     scalar(out, "http_requests_queued", "gauge", "Admitted requests that have not started yet (what --max-queue bounds).",
-           (double)snap.http_queued);
+           (double)queued);
     header(out, "request_success_total", "counter", "Choices that finished, by finish reason.");
     out_printf(out, "blade:request_success_total{finished_reason=\"stop\"} %llu\n",
                (unsigned long long)snap.finished_stop);

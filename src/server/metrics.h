@@ -36,7 +36,6 @@ typedef struct metrics_data {
     uint64_t prompt_tokens, generation_tokens, cached_tokens;
     metrics_hist ttft, tpot, itl, e2e, queue;
     int64_t http_in_flight;
-    int64_t http_queued; /* admitted, no first event yet: what --max-queue bounds */
     uint64_t remote_prefills[BLADE_DISAGG_CAUSES]; /* decode role: by outcome */
 } metrics_data;
 
@@ -53,11 +52,11 @@ void metrics_count_status(metrics *m, int status);
 void metrics_observe(metrics *m, const api_timing *t);
 void metrics_observe_e2e(metrics *m, double seconds);
 void metrics_in_flight(metrics *m, int delta);
-void metrics_queued(metrics *m, int delta);
 /* A remote prefill tried for a request (decode role), by outcome. */
 void metrics_remote_prefill(metrics *m, blade_disagg_cause cause);
-/* The text exposition format; e may be NULL while the model loads. */
-void metrics_render(metrics *m, blade_engine *e, api_buf *out);
+/* The text exposition format; e may be NULL while the model loads; queued: the requests
+ * admitted that have no token yet (what --max-queue bounds), which the server counts. */
+void metrics_render(metrics *m, blade_engine *e, int queued, api_buf *out);
 /* The semantic cache's figures (blade:semantic_cache_*). */
 void metrics_render_semcache(blade_semcache *c, api_buf *out);
 

@@ -264,7 +264,6 @@ static bool admit(conn *c, api_error *err)
                       s->cfg.max_queue);
     } else {
         s->queued++;
-        metrics_queued(&s->m, 1);
         s->inflight++;
         c->admitted = true;
         c->waiting_first = true;
@@ -282,10 +281,8 @@ static bool admit(conn *c, api_error *err)
 static void started(conn *c)
 {
     pthread_mutex_lock(&c->s->mu);
-    if (c->waiting_first) {
+    if (c->waiting_first)
         c->s->queued--;
-        metrics_queued(&c->s->m, -1);
-    }
     c->waiting_first = false;
     pthread_mutex_unlock(&c->s->mu);
 }
@@ -296,10 +293,8 @@ static void leave(conn *c)
 {
     server *s = c->s;
     pthread_mutex_lock(&s->mu);
-    if (c->waiting_first) {
+    if (c->waiting_first)
         s->queued--;
-        metrics_queued(&s->m, -1);
-    }
     c->waiting_first = false;
     s->inflight--;
     c->admitted = false;
@@ -615,6 +610,7 @@ static enum MHD_Result serve_get(conn *c)
     pthread_mutex_lock(&s->mu);
     enum state st = s->state;
     blade_semcache *cache = s->semcache;
+    int queued = s->queued;
     pthread_mutex_unlock(&s->mu);
     if (c->route == R_HEALTH) {
         const char *word = st == S_READY ? "ok" : st == S_LOADING ? "loading" : "draining";
@@ -631,7 +627,7 @@ static enum MHD_Result serve_get(conn *c)
     }
     if (c->route == R_METRICS) {
         api_buf out = {0};
-        metrics_render(&s->m, st == S_LOADING ? NULL : s->am->engine, &out);
+        metrics_render(&s->m, st == S_LOADING ? NULL : s->am->engine, queued, &out);
         if (cache)
             metrics_render_semcache(cache, &out);
         if (out.failed) {
