@@ -1,8 +1,9 @@
-/* Writes the seed corpora of fuzz_gguf and fuzz_template (cmake -DBLADE_FUZZ=ON):
- * build/fuzz_seeds GGUF_DIR TEMPLATE_DIR, run from the repository root (it reads
- * ../shared). Tiny models of every weight type family and both architectures, one with a
- * byte-level BPE vocabulary cut down from GPT-2's, and every chat template of the shared
- * cases, so that each fuzzer starts from inputs that reach deep into the code. */
+/* Writes the seed corpora of fuzz_gguf, fuzz_template and fuzz_request (cmake
+ * -DBLADE_FUZZ=ON): build/fuzz_seeds GGUF_DIR TEMPLATE_DIR REQUEST_DIR, run from the
+ * repository root (it reads ../shared). Tiny models of every weight type family and each
+ * architecture, one with a byte-level BPE vocabulary cut down from GPT-2's; every chat
+ * template of the shared cases; request bodies of each endpoint using every parameter, so
+ * that each fuzzer starts from inputs that reach deep into the code. */
 
 #include "blade/gguf.h"
 #include "blade/synth.h"
@@ -141,11 +142,46 @@ static int write_templates(const char *dir)
     return 0;
 }
 
+/* The first byte picks fuzz_request's endpoint: 0 completions, 1 chat, 2 embeddings. */
+static const char *const requests[] = {
+    "\x00{\"model\":\"fuzz\",\"prompt\":[\"Once upon\",\"a time\"],\"max_tokens\":8,\"n\":2,\"temperature\":0.7,"
+    "\"top_p\":0.9,\"top_k\":5,\"min_p\":0.1,\"seed\":3,\"stop\":[\"\\n\",\"end\"],\"logprobs\":2,"
+    "\"presence_penalty\":0.5,\"frequency_penalty\":0.2,\"repetition_penalty\":1.1,"
+    "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"speculative\":false,\"priority\":\"batch\","
+    "\"ignore_eos\":true,\"cache_salt\":\"s\",\"user\":\"u\",\"best_of\":2}",
+    "\x01{\"model\":\"fuzz\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+    "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi\"}]},{\"role\":\"assistant\",\"content\":null,"
+    "\"tool_calls\":[{\"id\":\"c\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+    "{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\"1\"}],\"max_completion_tokens\":4,\"logprobs\":true,"
+    "\"top_logprobs\":3,\"stop\":\"x\",\"n\":1,\"response_format\":{\"type\":\"text\"},\"semantic_cache\":true}",
+    "\x02{\"model\":\"fuzz\",\"input\":[\"a\",\"b c\"],\"encoding_format\":\"base64\",\"dimensions\":4}",
+    "\x02{\"input\":[[1,2],[3]]}",
+    "\x00{\"prompt\":\"x\",\"echo\":true}",
+    "\x00{\"prompt\":[[1,2,3],[4]],\"max_tokens\":1}",
+};
+
+static int write_requests(const char *dir)
+{
+    for (size_t i = 0; i < sizeof requests / sizeof requests[0]; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/request-%zu.json", dir, i);
+        FILE *f = fopen(path, "wb");
+        if (!f) {
+            fprintf(stderr, "fuzz_seeds: cannot write %s\n", path);
+            return 1;
+        }
+        /* the endpoint byte may be NUL, so not strlen of the whole */
+        fwrite(requests[i], 1, 1 + strlen(requests[i] + 1), f);
+        fclose(f);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: fuzz_seeds GGUF_DIR TEMPLATE_DIR (from the repository root)\n");
+    if (argc != 4) {
+        fprintf(stderr, "usage: fuzz_seeds GGUF_DIR TEMPLATE_DIR REQUEST_DIR (from the repository root)\n");
         return 2;
     }
-    return write_models(argv[1]) || write_templates(argv[2]);
+    return write_models(argv[1]) || write_templates(argv[2]) || write_requests(argv[3]);
 }
