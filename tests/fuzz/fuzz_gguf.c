@@ -1,5 +1,5 @@
-/* libFuzzer target for a GGUF file as blade meets it (cmake -DBLADE_FUZZ=ON with clang; run
- * build/fuzz_gguf CORPUS, the corpus seeded by build/fuzz_gguf_seeds CORPUS). The input is
+/* libFuzzer target for a GGUF file as blade meets it (README: build-fuzz/fuzz_gguf CORPUS, the
+ * corpus seeded by build-fuzz/fuzz_seeds). The input is
  * parsed as a file in memory; what parses has its tokenizer built and run both ways, and a
  * model that loads and is small runs a two-token forward pass, so a tensor whose shape the
  * loader let through but the runner cannot take shows up here, not in a user's server. Any

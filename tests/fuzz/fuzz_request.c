@@ -1,5 +1,5 @@
-/* libFuzzer target for OpenAI request bodies (cmake -DBLADE_FUZZ=ON with clang; run
- * build/fuzz_request CORPUS from the repository root, seeded by build/fuzz_seeds). Every
+/* libFuzzer target for OpenAI request bodies (README: build-fuzz/fuzz_request CORPUS from the
+ * repository root, seeded by build-fuzz/fuzz_seeds). Every
  * HTTP body a server takes goes through api_parse_body: the first input byte picks the
  * endpoint (completions, chat, embeddings), the rest is the body, validated against
  * stories260K (or BLADE_FUZZ_MODEL) with a chat template that renders tools. A request is

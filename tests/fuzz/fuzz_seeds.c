@@ -1,5 +1,5 @@
 /* Writes the seed corpora of fuzz_gguf, fuzz_template and fuzz_request (cmake
- * -DBLADE_FUZZ=ON): build/fuzz_seeds GGUF_DIR TEMPLATE_DIR REQUEST_DIR, run from the
+ * -DBLADE_FUZZ=ON): build-fuzz/fuzz_seeds GGUF_DIR TEMPLATE_DIR REQUEST_DIR, run from the
  * repository root (it reads ../shared). Tiny models of every weight type family and each
  * architecture, one with a byte-level BPE vocabulary cut down from GPT-2's; every chat
  * template of the shared cases; request bodies of each endpoint using every parameter, so

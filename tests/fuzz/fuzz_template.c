@@ -1,5 +1,5 @@
-/* libFuzzer target for chat templates (cmake -DBLADE_FUZZ=ON with clang; run
- * build/fuzz_template CORPUS, seeded by build/fuzz_seeds). A template comes from a GGUF
+/* libFuzzer target for chat templates (README: build-fuzz/fuzz_template CORPUS, seeded by
+ * build-fuzz/fuzz_seeds). A template comes from a GGUF
  * file or --chat-template, so its source is hostile: the input is parsed and, when it
  * parses, rendered against a conversation with tools and a tool call, as a server does.
  * Rendering is bounded in time and output; a crash, hang or sanitizer report is a bug. */
