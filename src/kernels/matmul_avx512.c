@@ -382,8 +382,9 @@ TGT_Q INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t *x)
  * that the arithmetic shift divides exactly. With four_chains each half goes to two chains
  * of two: integer sums, so the same bits. Q4_0's 4-token tile (the speculative verify of
  * three drafts) measured faster that way: the draft model's speed-up on the Q4_0 target
- * 1.84-1.89x against 1.73-1.79x, its 4-token steps 1.28-1.43x a one-token step against
- * 1.51-1.64x (MEASURED.md, stop 39); for every tile it cost the 3-token one as much. */
+ * 1.82-1.99x against 1.43-1.79x in nine rounds, its 4-token steps 1.22-1.43x a one-token
+ * step against 1.51-2.08x (MEASURED.md, stop 39). Only there: for every tile of several
+ * tokens it made the 3-token step as much slower as the 4-token one faster. */
 TGT_Q INLINE __m512 r16_step(const r16_w *w, bool hi16, bool four_chains, const int8_t *xq, float xd,
                             int32_t start, __m512 acc)
 {
