@@ -18,7 +18,7 @@
 
 /* Larger models would make each run slow without reaching new code. */
 #define MAX_FORWARD_WEIGHT_BYTES (4u << 20)
-#define MAX_FORWARD_CTX_TOKENS 64
+enum { FORWARD_BLOCK_SIZE = 16, FORWARD_BLOCKS = 4 };
 
 static void exercise_tokenizer(const gguf_file *f)
 {
@@ -50,16 +50,18 @@ static void exercise_forward(const blade_model *m)
 {
     if (m->weight_bytes > MAX_FORWARD_WEIGHT_BYTES)
         return;
-    blade_kv_store_config sc = blade_model_kv_config(&m->hp, BLADE_KV_F16, 16, 0);
-    sc.n_blocks = MAX_FORWARD_CTX_TOKENS / 16;
+    blade_kv_store_config sc = blade_model_kv_config(&m->hp, BLADE_KV_F16, FORWARD_BLOCK_SIZE, 0);
+    sc.n_blocks = FORWARD_BLOCKS;
     blade_kv_store *kv = blade_kv_store_new(&sc, NULL);
     blade_threadpool *pool = blade_threadpool_new(1);
     blade_runner *r = kv && pool ? blade_runner_new(m, kv, pool, 8, NULL) : NULL;
     if (r) {
-        int32_t tokens[2] = {0, m->hp.n_vocab > 1 ? 1 : 0}, table[4] = {0, 1, 2, 3};
+        int32_t tokens[2] = {0, m->hp.n_vocab > 1 ? 1 : 0}, table[FORWARD_BLOCKS];
+        for (int32_t b = 0; b < FORWARD_BLOCKS; b++)
+            table[b] = b;
         float *logits = malloc(sizeof(float) * (size_t)(m->hp.n_vocab > 0 ? m->hp.n_vocab : 1) * 2);
         int32_t rows[2] = {0, 1};
-        blade_batch_seq s = {.tokens = tokens, .n_tokens = 2, .pos0 = 0, .block_table = table, .n_blocks = 4,
+        blade_batch_seq s = {.tokens = tokens, .n_tokens = 2, .pos0 = 0, .block_table = table, .n_blocks = FORWARD_BLOCKS,
                              .logit_rows = rows, .n_logits = 2, .logits = logits};
         if (logits)
             blade_runner_forward(r, &s, 1, NULL);

@@ -21,6 +21,14 @@ static int fail(const char *what, const blade_error *err)
     return 1;
 }
 
+static bool has_token(char *const *tokens, const char *text)
+{
+    for (int i = 0; i < BPE_TOKENS; i++)
+        if (!strcmp(tokens[i], text))
+            return true;
+    return false;
+}
+
 /* GPT-2's first BPE_TOKENS tokens (its 256 byte tokens, then merges in order) and the
  * merges whose parts and result all remain. */
 static int write_bpe_vocab(const char *path)
@@ -35,27 +43,26 @@ static int write_bpe_vocab(const char *path)
         gguf_close(src);
         return fail("gpt-2 vocabulary arrays", &err);
     }
+    char **merges = malloc(sizeof(char *) * mer->arr_len);
+    if (!merges) {
+        gguf_close(src);
+        return fail("out of memory", NULL);
+    }
     char *tokens[BPE_TOKENS];
     int32_t types[BPE_TOKENS];
     for (int i = 0; i < BPE_TOKENS; i++) {
         tokens[i] = strndup(tok->arr_strings[i].ptr, tok->arr_strings[i].len);
         types[i] = 1;
     }
-    char **merges = malloc(sizeof(char *) * mer->arr_len);
     uint64_t n_merges = 0;
     for (uint64_t m = 0; m < mer->arr_len; m++) {
         char *s = strndup(mer->arr_strings[m].ptr, mer->arr_strings[m].len), *sp = strchr(s, ' ');
         bool keep = false;
         if (sp) {
             *sp = 0;
-            size_t la = strlen(s), lb = strlen(sp + 1);
-            char *joined = malloc(la + lb + 1);
-            memcpy(joined, s, la);
-            memcpy(joined + la, sp + 1, lb + 1);
-            int found = 0;
-            for (int i = 0; i < BPE_TOKENS; i++)
-                found += !strcmp(tokens[i], s) + !strcmp(tokens[i], sp + 1) + 2 * !strcmp(tokens[i], joined);
-            keep = found >= 4;
+            char *joined = NULL;
+            keep = asprintf(&joined, "%s%s", s, sp + 1) >= 0 && has_token(tokens, s) && has_token(tokens, sp + 1) &&
+                   has_token(tokens, joined);
             free(joined);
             *sp = ' ';
         }
