@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define SEQ_LEN 100
 #define BLOCK 16
@@ -279,6 +280,50 @@ static void test_fused_gate_up_same_bits(void **state)
     free(path);
 }
 
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Timing the stages reads the clock and nothing else: the logits keep their bits, every
+ * stage of a forward is seen, and the stages and OTHER add up to the forwards' wall time. */
+static void test_stage_times(void **state)
+{
+    (void)state;
+    char *path = model_path(BLADE_TYPE_Q4_0, 0, BLADE_ARCH_LLAMA);
+    for (int i = 0; i < SEQ_LEN; i++)
+        target_tokens[i] = (int32_t)(3 + (i * 7919) % 300);
+    rig g = rig_new(path, 2, BLADE_KV_F16);
+    float *plain = run_target(&g, 7, 0, false);
+    blade_stage_times t;
+    memset(&t, 0, sizeof t);
+    blade_runner_set_stage_times(g.r, &t);
+    double t0 = now_seconds();
+    float *timed = run_target(&g, 7, 0, false);
+    double wall = now_seconds() - t0;
+    blade_runner_set_stage_times(g.r, NULL);
+    assert_same_bits(plain, timed, g.n_vocab, "logits with the stages timed");
+    assert_int_equal(t.forwards, (SEQ_LEN + 6) / 7);
+    double sum = 0;
+    for (int i = 0; i < BLADE_STAGE_COUNT; i++) {
+        print_message("%s %.3f ms\n", blade_runner_stage_name((blade_runner_stage)i), t.seconds[i] * 1e3);
+        assert_true(t.seconds[i] > 0);
+        sum += t.seconds[i];
+    }
+    assert_true(sum <= wall);
+    assert_string_equal(blade_runner_stage_name(BLADE_STAGE_FFN_DOWN), "ffn_down");
+    /* no longer collecting: the totals stay */
+    float *after = run_target(&g, 7, 0, false);
+    assert_int_equal(t.forwards, (SEQ_LEN + 6) / 7);
+    free(after);
+    free(plain);
+    free(timed);
+    rig_free(&g);
+    free(path);
+}
+
 /* The runner agrees with the reference forward pass: with f32 weights and an f32 KV store
  * the only differences are summation order, so logits match to float rounding. */
 static void test_matches_reference_forward(void **state)
@@ -380,6 +425,7 @@ int main(void)
         cmocka_unit_test(test_invariance_kv_fp8),
         cmocka_unit_test(test_matches_reference_forward), cmocka_unit_test(test_quantized_close_to_reference),
         cmocka_unit_test(test_rejects_bad_batches),  cmocka_unit_test(test_fused_gate_up_same_bits),
+        cmocka_unit_test(test_stage_times),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -57,6 +57,31 @@ int32_t blade_runner_max_batch_tokens(const blade_runner *r);
  * batch token, allocated on first use) does not fit in memory. */
 int blade_runner_set_act_stats(blade_runner *r, blade_act_stats *s, blade_error *err);
 
+/* Where a forward's time goes: the wall time of each stage as the calling thread sees it
+ * (it takes part in every pass of the pool, so a stage includes waiting for the other
+ * threads' share of it), summed over the forwards run while collecting. OTHER is the rest of
+ * each forward: embeddings, the classifier, what lies between the passes. */
+typedef enum blade_runner_stage {
+    BLADE_STAGE_NORMS,     /* residual adds, RMSNorm and the activations' conversion */
+    BLADE_STAGE_QKV,
+    BLADE_STAGE_ATTENTION, /* per-head biases, norms and RoPE, KV writes, attention */
+    BLADE_STAGE_O,
+    BLADE_STAGE_FFN_UP,    /* gate and up projections with SwiGLU */
+    BLADE_STAGE_FFN_DOWN,
+    BLADE_STAGE_OTHER,
+    BLADE_STAGE_COUNT
+} blade_runner_stage;
+
+typedef struct blade_stage_times {
+    double seconds[BLADE_STAGE_COUNT];
+    int64_t forwards;
+} blade_stage_times;
+
+const char *blade_runner_stage_name(blade_runner_stage s);
+/* While t is set, every forward adds its stages' times to t; NULL stops. Reading the clock
+ * is all it costs (a few hundred reads a forward); the outputs are the same bits. */
+void blade_runner_set_stage_times(blade_runner *r, blade_stage_times *t);
+
 /* Runs one batch. Validates every sequence (tokens in the vocabulary, positions inside
  * the block table, block numbers inside the store, logit rows inside the chunk) before
  * touching any state, so a bad batch changes nothing. */

@@ -107,11 +107,12 @@ static int curve_step(blade_runner *r, const int32_t *toks, const int32_t *rows,
 }
 
 /* Median time of a step of T new tokens, T = 1..CURVE_MAX, the sizes taking turns, and,
- * after those, of the CURVE_CTX-token chunk. Fills ms[0..CURVE_MAX] (ms[0]: the chunk). The
+ * after those, of the CURVE_CTX-token chunk. Fills ms[0..CURVE_MAX] (ms[0]: the chunk), and
+ * stages[0..CURVE_MAX] with the stage times of each size's median step. The
  * chunk keeps out of the turns: a one-token step right after it measured 3-6% slower than
  * after a step of nine tokens, which flattened the whole curve by as much (MEASURED.md,
  * stop 35). */
-static int verify_curve(const blade_model *m, int threads, int reps, double *ms)
+static int verify_curve(const blade_model *m, int threads, int reps, double *ms, blade_stage_times *stages)
 {
     blade_error err = {{0}};
     blade_kv_store_config sc = blade_model_kv_config(&m->hp, BLADE_KV_F16, 16, 8);
@@ -120,8 +121,10 @@ static int verify_curve(const blade_model *m, int threads, int reps, double *ms)
     blade_runner *r = store ? blade_runner_new(m, store, pool, CURVE_CTX, &err) : NULL;
     float *logits = malloc((size_t)CURVE_CTX * m->hp.n_vocab * sizeof(float));
     double *t = calloc((size_t)reps * (CURVE_MAX + 1), sizeof *t);
+    double *sorted = calloc((size_t)reps, sizeof *sorted);
+    blade_stage_times *st = calloc((size_t)reps * (CURVE_MAX + 1), sizeof *st);
     int rc = -1;
-    if (!r || !logits || !t) {
+    if (!r || !logits || !t || !sorted || !st) {
         fprintf(stderr, "error: verify curve: %s\n", err.msg[0] ? err.msg : "out of memory");
         goto out;
     }
@@ -135,24 +138,60 @@ static int verify_curve(const blade_model *m, int threads, int reps, double *ms)
     if (curve_step(r, toks, rows, logits, 0, &first))
         goto out;
     for (int rep = 0; rep < reps; rep++)
-        for (int n = 1; n <= CURVE_MAX; n++)
+        for (int n = 1; n <= CURVE_MAX; n++) {
+            blade_runner_set_stage_times(r, &st[(size_t)n * reps + rep]);
             if (curve_step(r, toks, rows, logits, n, &t[(size_t)n * reps + rep]))
                 goto out;
-    for (int rep = 0; rep < reps; rep++)
+        }
+    for (int rep = 0; rep < reps; rep++) {
+        blade_runner_set_stage_times(r, &st[rep]);
         if (curve_step(r, toks, rows, logits, 0, &t[rep]))
             goto out;
+    }
     for (int n = 0; n <= CURVE_MAX; n++) {
-        qsort(t + (size_t)n * reps, (size_t)reps, sizeof *t, cmp_double);
-        ms[n] = t[(size_t)n * reps + reps / 2];
+        const double *tn = t + (size_t)n * reps;
+        memcpy(sorted, tn, (size_t)reps * sizeof *sorted);
+        qsort(sorted, (size_t)reps, sizeof *sorted, cmp_double);
+        ms[n] = sorted[reps / 2];
+        int median = 0;
+        while (tn[median] != ms[n])
+            median++;
+        stages[n] = st[(size_t)n * reps + median];
     }
     rc = 0;
 out:
+    blade_runner_free(r);
+    free(st);
+    free(sorted);
     free(t);
     free(logits);
-    blade_runner_free(r);
     blade_kv_store_free(store);
     blade_threadpool_free(pool);
     return rc;
+}
+
+/* Where the median steps' time went, stage by stage: what grows with the tokens of a verify
+ * step besides its matrix products. */
+static void print_stages(const blade_stage_times *stages)
+{
+    printf("where the median step's time goes, ms (each stage as the calling thread sees it):\n| new tokens T |");
+    for (int i = 0; i < BLADE_STAGE_COUNT; i++)
+        printf(" %s |", blade_runner_stage_name((blade_runner_stage)i));
+    printf("\n|---|");
+    for (int i = 0; i < BLADE_STAGE_COUNT; i++)
+        printf("---|");
+    printf("\n");
+    for (int n = 1; n <= CURVE_MAX + 1; n++) {
+        const blade_stage_times *st = &stages[n <= CURVE_MAX ? n : 0];
+        if (n <= CURVE_MAX)
+            printf("| %d |", n);
+        else
+            printf("| %d-token chunk |", CURVE_CTX);
+        for (int i = 0; i < BLADE_STAGE_COUNT; i++)
+            printf(" %.3f |", st->forwards ? st->seconds[i] * 1e3 / (double)st->forwards : 0.0);
+        printf("\n");
+    }
+    printf("\n");
 }
 
 typedef struct mode_result {
@@ -273,7 +312,8 @@ const cli_command cli_cmd_bench_spec = {
     .name = "bench spec",
     .summary = "speculative decoding: the verify-cost curve and each drafter against plain decoding",
     .synopsis = "-m MODEL [--draft-model FILE] [options] [engine options]",
-    .about = "Speculative decoding measured in one run: the verify-cost curve, then greedy decoding of the same\n"
+    .about = "Speculative decoding measured in one run: the verify-cost curve and where each size's time goes\n"
+             "stage by stage (norms and conversions, the projections, attention), then greedy decoding of the same\n"
              "prompts (cut from a text) without speculation, with n-gram lookup, self-draft (--self-layers) and\n"
              "the draft model, taking turns: single-stream decode tokens/s and each ratio to plain, the ratio\n"
              "of the runner's time alone (its steps alone: drafting and the engine's other work left out),\n"
@@ -340,16 +380,18 @@ static int bench_spec_main(int argc, char **argv)
 
     int threads = eo.cfg.n_threads;
     double curve[CURVE_MAX + 1];
+    blade_stage_times stages[CURVE_MAX + 1];
     printf("verify cost on %s, %d threads (median of %lld, after a %d-token context):\n", model_path,
-           threads > 0 ? threads : 0, reps, CURVE_CTX);
+           threads > 0 ? threads : blade_physical_cores(), reps, CURVE_CTX);
     fflush(stdout);
-    if (verify_curve(m, threads, (int)reps, curve))
+    if (verify_curve(m, threads, (int)reps, curve, stages))
         goto out;
     printf("| new tokens T | step ms | cost vs T=1 |\n|---|---|---|\n");
     for (int n = 1; n <= CURVE_MAX; n++)
         printf("| %d (k=%d) | %.2f | %.2f |\n", n, n - 1, curve[n], curve[n] / curve[1]);
     printf("a %d-token chunk: %.1f ms = %.2f ms per token: prefill is %.1fx faster per token than decode\n\n",
            CURVE_CTX, curve[0], curve[0] / CURVE_CTX, curve[1] / (curve[0] / CURVE_CTX));
+    print_stages(stages);
 
     /* the draft model runs twice: as configured (prompt lookup beside it unless
      * --no-draft-lookup), and alone, to show what lookup adds */

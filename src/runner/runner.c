@@ -9,6 +9,7 @@
 #include "blade/act_stats.h"
 #include "blade/attention.h"
 #include "blade/types.h"
+#include "common/clock.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -52,6 +53,7 @@ struct blade_runner {
     int32_t *work;         /* (seq, kv head) attention work items */
     blade_work_share *rows_share; /* matrix products: row units between the pool's threads */
     blade_act_stats *stats; /* NULL unless a caller collects activation statistics */
+    blade_stage_times *stage_times; /* NULL unless a caller times the stages */
     float *stat_rows;       /* [T][widest]: the float rows a site's matrices read, while collecting */
 };
 
@@ -217,6 +219,37 @@ int blade_runner_set_act_stats(blade_runner *r, blade_act_stats *s, blade_error 
     return 0;
 }
 
+const char *blade_runner_stage_name(blade_runner_stage s)
+{
+    static const char *const names[BLADE_STAGE_COUNT] = {"norms", "qkv", "attention", "o", "ffn_up", "ffn_down",
+                                                         "other"};
+    return s >= 0 && s < BLADE_STAGE_COUNT ? names[s] : "?";
+}
+
+void blade_runner_set_stage_times(blade_runner *r, blade_stage_times *t)
+{
+    r->stage_times = t;
+}
+
+static double stage_start(const blade_runner *r)
+{
+    return r->stage_times ? blade_clock_seconds() : 0.0;
+}
+
+static void stage_end(blade_runner *r, blade_runner_stage st, double t0)
+{
+    if (r->stage_times)
+        r->stage_times->seconds[st] += blade_clock_seconds() - t0;
+}
+
+static double stage_sum(const blade_stage_times *t)
+{
+    double sum = 0;
+    for (int i = 0; i < BLADE_STAGE_COUNT; i++)
+        sum += t->seconds[i];
+    return sum;
+}
+
 /* ---- one step's shared state, handed to the pool's workers ---- */
 
 typedef struct step {
@@ -297,6 +330,7 @@ static void run_norm_convert(step *s, float *in, float *add_to_in, int64_t width
     s->n_rows = n_rows;
     s->row_map = row_map;
     s->site = s->r->stats ? site : -1;
+    double t0 = stage_start(s->r);
     /* One row (a decode step) is the calling thread's alone: going through the pool would
      * only add a handoff to a worker with nothing to do. */
     if (n_rows == 1)
@@ -307,6 +341,7 @@ static void run_norm_convert(step *s, float *in, float *add_to_in, int64_t width
         blade_threadpool_run(s->r->pool, task_act_stats, s);
         blade_act_stats_count(s->r->stats, s->site, n_rows);
     }
+    stage_end(s->r, BLADE_STAGE_NORMS, t0);
 }
 
 /* Runs a task that takes its row units from the runner's work share. */
@@ -497,7 +532,7 @@ static void task_swiglu(void *ctx, int ith, int nth)
  * the pool. Files mixing types across projections share a pass where the forms agree
  * (Q4_K_M's Q6_K V projections join Q4_K's Q and K). */
 static void run_projections(step *s, float *residual_delta, const blade_weight *norm, const blade_weight **ws,
-                            float **outs, int n, int site)
+                            float **outs, int n, int site, blade_runner_stage stage)
 {
     blade_runner *r = s->r;
     bool done[3] = {false, false, false};
@@ -516,7 +551,9 @@ static void run_projections(step *s, float *residual_delta, const blade_weight *
                 group_out[k++] = outs[j];
                 done[j] = true;
             }
+        double t0 = stage_start(r);
         run_matmul(s, k, group[0], group_out[0], group[1], group_out[1], group[2], group_out[2]);
+        stage_end(r, stage, t0);
     }
 }
 
@@ -599,7 +636,7 @@ static void write_hidden(blade_runner *r, const blade_batch_seq *seqs, int32_t n
     }
 }
 
-int blade_runner_forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n_seqs, blade_error *err)
+static int forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n_seqs, blade_error *err)
 {
     const blade_model *m = r->m;
     const blade_hparams *hp = &m->hp;
@@ -630,26 +667,38 @@ int blade_runner_forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n
 
         const blade_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
         float *qkv_out[3] = {r->q, r->k, r->v};
-        run_projections(&s, pending, &L->attn_norm, qkv, qkv_out, 3, blade_act_site(l, BLADE_ACT_ATTN_IN));
+        run_projections(&s, pending, &L->attn_norm, qkv, qkv_out, 3, blade_act_site(l, BLADE_ACT_ATTN_IN),
+                        BLADE_STAGE_QKV);
+        double t0 = stage_start(r);
         blade_threadpool_run(r->pool, task_attention, &s);
+        stage_end(r, BLADE_STAGE_ATTENTION, t0);
 
         run_norm_convert(&s, r->attn, NULL, r->q_dim, NULL, &L->wo, s.n_tokens, NULL,
                          blade_act_site(l, BLADE_ACT_ATTN_OUT));
+        t0 = stage_start(r);
         run_matmul(&s, 1, &L->wo, r->delta, NULL, NULL, NULL, NULL);
+        stage_end(r, BLADE_STAGE_O, t0);
 
         if (L->ffn_gate_up.data) {
             run_norm_convert(&s, r->x, r->delta, hp->n_embd, &L->ffn_norm, &L->ffn_gate_up, s.n_tokens, NULL,
                              blade_act_site(l, BLADE_ACT_FFN_IN));
+            t0 = stage_start(r);
             run_on_row_units(&s, task_gate_up, hp->n_ff / BLADE_GATE_UP_GROUP);
+            stage_end(r, BLADE_STAGE_FFN_UP, t0);
         } else {
             const blade_weight *gu[2] = {&L->ffn_gate, &L->ffn_up};
             float *gu_out[2] = {r->ffn, r->up};
-            run_projections(&s, r->delta, &L->ffn_norm, gu, gu_out, 2, blade_act_site(l, BLADE_ACT_FFN_IN));
+            run_projections(&s, r->delta, &L->ffn_norm, gu, gu_out, 2, blade_act_site(l, BLADE_ACT_FFN_IN),
+                            BLADE_STAGE_FFN_UP);
+            t0 = stage_start(r);
             blade_threadpool_run(r->pool, task_swiglu, &s);
+            stage_end(r, BLADE_STAGE_FFN_UP, t0);
         }
         run_norm_convert(&s, r->ffn, NULL, hp->n_ff, NULL, &L->ffn_down, s.n_tokens, NULL,
                          blade_act_site(l, BLADE_ACT_FFN_ACT));
+        t0 = stage_start(r);
         run_matmul(&s, 1, &L->ffn_down, r->delta, NULL, NULL, NULL, NULL);
+        stage_end(r, BLADE_STAGE_FFN_DOWN, t0);
         pending = r->delta;
     }
 
@@ -673,4 +722,16 @@ int blade_runner_forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n
             memcpy(seqs[i].logits + (size_t)j * hp->n_vocab, r->logits + (size_t)lr * hp->n_vocab,
                    (size_t)hp->n_vocab * sizeof(float));
     return 0;
+}
+
+int blade_runner_forward(blade_runner *r, const blade_batch_seq *seqs, int32_t n_seqs, blade_error *err)
+{
+    blade_stage_times *t = r->stage_times;
+    if (!t)
+        return forward(r, seqs, n_seqs, err);
+    double t0 = blade_clock_seconds(), staged = stage_sum(t);
+    int rc = forward(r, seqs, n_seqs, err);
+    t->seconds[BLADE_STAGE_OTHER] += blade_clock_seconds() - t0 - (stage_sum(t) - staged);
+    t->forwards++;
+    return rc;
 }
