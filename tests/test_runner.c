@@ -10,12 +10,12 @@
 #include "blade/runner.h"
 #include "blade/synth.h"
 #include "blade/types.h"
+#include "common/clock.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define SEQ_LEN 100
 #define BLOCK 16
@@ -280,13 +280,6 @@ static void test_fused_gate_up_same_bits(void **state)
     free(path);
 }
 
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Timing the stages reads the clock and nothing else: the logits keep their bits, every
  * stage of a forward is seen, and the stages and OTHER add up to the forwards' wall time. */
 static void test_stage_times(void **state)
@@ -300,9 +293,9 @@ static void test_stage_times(void **state)
     blade_stage_times t;
     memset(&t, 0, sizeof t);
     blade_runner_set_stage_times(g.r, &t);
-    double t0 = now_seconds();
+    double t0 = blade_clock_seconds();
     float *timed = run_target(&g, 7, 0, false);
-    double wall = now_seconds() - t0;
+    double wall = blade_clock_seconds() - t0;
     blade_runner_set_stage_times(g.r, NULL);
     assert_same_bits(plain, timed, g.n_vocab, "logits with the stages timed");
     assert_int_equal(t.forwards, (SEQ_LEN + 6) / 7);
