@@ -170,6 +170,14 @@ out:
     return rc;
 }
 
+static void print_stage_row(const char *label, const blade_stage_times *st)
+{
+    printf("| %s |", label);
+    for (int i = 0; i < BLADE_STAGE_COUNT; i++)
+        printf(" %.3f |", st->forwards ? st->seconds[i] * 1e3 / (double)st->forwards : 0.0);
+    printf("\n");
+}
+
 /* Where the median steps' time went, stage by stage: what grows with the tokens of a verify
  * step besides its matrix products. */
 static void print_stages(const blade_stage_times *stages)
@@ -181,16 +189,13 @@ static void print_stages(const blade_stage_times *stages)
     for (int i = 0; i < BLADE_STAGE_COUNT; i++)
         printf("---|");
     printf("\n");
-    for (int n = 1; n <= CURVE_MAX + 1; n++) {
-        const blade_stage_times *st = &stages[n <= CURVE_MAX ? n : 0];
-        if (n <= CURVE_MAX)
-            printf("| %d |", n);
-        else
-            printf("| %d-token chunk |", CURVE_CTX);
-        for (int i = 0; i < BLADE_STAGE_COUNT; i++)
-            printf(" %.3f |", st->forwards ? st->seconds[i] * 1e3 / (double)st->forwards : 0.0);
-        printf("\n");
+    char label[32];
+    for (int n = 1; n <= CURVE_MAX; n++) {
+        snprintf(label, sizeof label, "%d", n);
+        print_stage_row(label, &stages[n]);
     }
+    snprintf(label, sizeof label, "%d-token chunk", CURVE_CTX);
+    print_stage_row(label, &stages[0]);
     printf("\n");
 }
 
