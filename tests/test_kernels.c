@@ -514,6 +514,63 @@ static void test_act_forms(void **state)
     assert_int_equal(blade_act_form(BLADE_TYPE_Q8_K), BLADE_ACT_FORM_NONE);
 }
 
+/* A row converted in parts, the parts in a scrambled order into a buffer full of garbage,
+ * is the row blade_act_convert makes, byte for byte with its padding: the runner converts
+ * attention heads and SwiGLU pieces where they are computed. Rows with padding after every
+ * array, a block of zeros (which the converters skip), every activation form, every ISA. */
+static void test_act_convert_part(void **state)
+{
+    (void)state;
+    const uint32_t types[] = {BLADE_TYPE_F32, BLADE_TYPE_F16, BLADE_TYPE_BF16, BLADE_TYPE_Q4_0, BLADE_TYPE_Q4_K};
+    enum { N = 1280 + 32 * 3, MAX_PARTS = 64 };
+    float x[N];
+    for (int i = 0; i < N; i++)
+        x[i] = i >= 64 && i < 96 ? 0.0f : sample();
+    uint64_t seed = 7;
+    blade_isa saved = blade_isa_active();
+    for (int isa = 0; isa < BLADE_ISA_COUNT; isa++) {
+        if (!isa_tested((blade_isa)isa, "activation rows in parts"))
+            continue;
+        blade_isa_set((blade_isa)isa);
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            int64_t align = blade_act_part_align(types[ti]);
+            assert_true(align > 0);
+            int64_t n = N / align * align;
+            size_t bytes = blade_act_row_bytes(types[ti], n);
+            uint8_t *whole = malloc(bytes), *parts = malloc(bytes);
+            blade_act_convert(types[ti], x, whole, n);
+            for (int round = 0; round < 8; round++) {
+                /* cut points at random multiples of align; round 0 is one part */
+                int64_t cut[MAX_PARTS + 1];
+                int n_parts = 0;
+                cut[0] = 0;
+                while (cut[n_parts] < n && n_parts < MAX_PARTS - 1) {
+                    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                    int64_t step = round == 0 ? n : align * (int64_t)(1 + (seed >> 33) % 40);
+                    cut[n_parts + 1] = cut[n_parts] + step < n ? cut[n_parts] + step : n;
+                    n_parts++;
+                }
+                if (cut[n_parts] < n)
+                    cut[++n_parts] = n;
+                memset(parts, 0xA5, bytes);
+                /* even rounds backwards, odd ones the odd parts and then the even ones */
+                for (int i = 0; i < n_parts; i++) {
+                    int odd = n_parts / 2, p = round % 2 ? (i < odd ? 2 * i + 1 : 2 * (i - odd)) : n_parts - 1 - i;
+                    blade_act_convert_part(types[ti], x + cut[p], parts, n, cut[p], cut[p + 1]);
+                }
+                assert_memory_equal(whole, parts, bytes);
+            }
+            free(whole);
+            free(parts);
+        }
+    }
+    blade_isa_set(saved);
+    assert_int_equal(blade_act_part_align(BLADE_TYPE_Q8_0), 32);
+    assert_int_equal(blade_act_part_align(BLADE_TYPE_BF16), 1);
+    assert_int_equal(blade_act_part_align(BLADE_TYPE_Q6_K), 256);
+    assert_int_equal(blade_act_part_align(BLADE_TYPE_Q2_K), 0);
+}
+
 /* RMSNorm: the same bits on every ISA for lengths with and without a tail (the runner's
  * batch invariance and its agreement across machines rest on it), in place too, and
  * within float rounding of a plain double computation. */
@@ -789,6 +846,7 @@ int main(void)
         cmocka_unit_test(test_act_convert),
         cmocka_unit_test(test_act_convert_isas),
         cmocka_unit_test(test_act_forms),
+        cmocka_unit_test(test_act_convert_part),
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_row_from_float),

@@ -63,6 +63,16 @@ uint32_t blade_act_form(uint32_t weight_type);
 size_t blade_act_row_bytes(uint32_t weight_type, int64_t n);
 /* Converts one activation row (n floats) for weights of this type. */
 void blade_act_convert(uint32_t weight_type, const float *x, void *out, int64_t n);
+/* The elements a converted row is made of independently (a block's scale and sums come from
+ * its own elements alone): parts of a row starting and ending on multiples of this may be
+ * converted apart. 0 for an unsupported type. */
+int64_t blade_act_part_align(uint32_t weight_type);
+/* Elements [begin, end) of a row of n elements, x pointing at element begin, into their
+ * places in the converted row `out`; begin and end are multiples of blade_act_part_align
+ * (end may be n). Converting every part of a row, in any order and from any thread, gives
+ * the bytes blade_act_convert gives, padding included: so the step that produces a row's
+ * pieces can convert them while they are in its cache. */
+void blade_act_convert_part(uint32_t weight_type, const float *x, void *out, int64_t n, int64_t begin, int64_t end);
 /* out = x / sqrt(mean(x^2) + eps) * w over n elements, the same bits on every ISA; out may
  * be x. */
 void blade_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);

@@ -22,6 +22,89 @@ void blade_act_convert(uint32_t weight_type, const float *x, void *out, int64_t 
     blade_ktraits_converter(form, blade_isa_active())(x, out, n);
 }
 
+int64_t blade_act_part_align(uint32_t weight_type)
+{
+    switch (blade_act_form(weight_type)) {
+    case BLADE_ACT_FORM_NONE:
+        return 0;
+    case BLADE_TYPE_Q8_0:
+        return QK8_0;
+    case BLADE_TYPE_Q8_K:
+        return QK_K;
+    default:
+        return 1; /* element by element */
+    }
+}
+
+/* A part of a block-scaled row is converted as a row of its own in this scratch, a chunk at
+ * a time, and its arrays are copied to their places in the whole row's layout. */
+#define PART_CHUNK 1024
+_Static_assert(PART_CHUNK % QK_K == 0 && PART_CHUNK % QK8_0 == 0, "chunks hold whole blocks");
+
+static void copy_part(uint8_t *dst, const uint8_t *src, size_t at, size_t bytes)
+{
+    memcpy(dst + at, src, bytes);
+}
+
+/* The row's zero padding past each array's last element: what blade_act_convert's memset
+ * leaves there. */
+static void zero_tail(uint8_t *array, size_t used)
+{
+    memset(array + used, 0, act_pad(used) - used);
+}
+
+void blade_act_convert_part(uint32_t weight_type, const float *x, void *out, int64_t n, int64_t begin, int64_t end)
+{
+    uint32_t form = blade_act_form(weight_type);
+    if (form == BLADE_ACT_FORM_NONE || end <= begin)
+        return;
+    uint8_t *row = out;
+    if (form != BLADE_TYPE_Q8_0 && form != BLADE_TYPE_Q8_K) {
+        size_t es = form == BLADE_TYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+        blade_ktraits_converter(form, blade_isa_active())(x, row + (size_t)begin * es, end - begin);
+        if (end == n)
+            zero_tail(row, (size_t)n * es);
+        return;
+    }
+    bool q8 = form == BLADE_TYPE_Q8_0;
+    /* the arrays' offsets in the whole row: quants, scales, sums */
+    uint8_t *q = row, *d, *sum;
+    if (q8) {
+        act_q8_view v = act_q8_at(row, n);
+        d = (uint8_t *)v.d;
+        sum = (uint8_t *)v.sum;
+    } else {
+        act_k_view v = act_k_at(row, n);
+        d = (uint8_t *)v.d;
+        sum = (uint8_t *)v.sum16;
+    }
+    int64_t per_scale = q8 ? QK8_0 : QK_K, per_sum = q8 ? QK8_0 : 16;
+    size_t sum_bytes = q8 ? sizeof(int32_t) : sizeof(int16_t);
+    _Alignas(64) uint8_t part[PART_CHUNK + 2 * ACT_ALIGN + PART_CHUNK / 16 * sizeof(int32_t)];
+    for (int64_t b = begin; b < end; b += PART_CHUNK) {
+        int64_t len = end - b < PART_CHUNK ? end - b : PART_CHUNK;
+        blade_act_convert(weight_type, x + (b - begin), part, len);
+        const uint8_t *pd, *psum;
+        if (q8) {
+            act_q8_view v = act_q8_at(part, len);
+            pd = (const uint8_t *)v.d;
+            psum = (const uint8_t *)v.sum;
+        } else {
+            act_k_view v = act_k_at(part, len);
+            pd = (const uint8_t *)v.d;
+            psum = (const uint8_t *)v.sum16;
+        }
+        copy_part(q, part, (size_t)b, (size_t)len);
+        copy_part(d, pd, (size_t)(b / per_scale) * sizeof(float), (size_t)(len / per_scale) * sizeof(float));
+        copy_part(sum, psum, (size_t)(b / per_sum) * sum_bytes, (size_t)(len / per_sum) * sum_bytes);
+    }
+    if (end == n) {
+        zero_tail(q, (size_t)n);
+        zero_tail(d, (size_t)(n / per_scale) * sizeof(float));
+        zero_tail(sum, (size_t)(n / per_sum) * sum_bytes);
+    }
+}
+
 void blade_row_from_float(uint32_t type, const float *x, void *out, int64_t n)
 {
     bool half = type == BLADE_TYPE_F16 || type == BLADE_TYPE_BF16;
