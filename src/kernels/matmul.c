@@ -41,9 +41,19 @@ int64_t blade_act_part_align(uint32_t weight_type)
 #define PART_CHUNK 1024
 _Static_assert(PART_CHUNK % QK_K == 0 && PART_CHUNK % QK8_0 == 0, "chunks hold whole blocks");
 
-static void copy_part(uint8_t *dst, const uint8_t *src, size_t at, size_t bytes)
+/* Where a block-scaled row of n elements keeps its scales and its sums (its quants start
+ * the row). */
+static void scaled_arrays(bool q8, uint8_t *row, int64_t n, uint8_t **d, uint8_t **sum)
 {
-    memcpy(dst + at, src, bytes);
+    if (q8) {
+        act_q8_view v = act_q8_at(row, n);
+        *d = (uint8_t *)v.d;
+        *sum = (uint8_t *)v.sum;
+    } else {
+        act_k_view v = act_k_at(row, n);
+        *d = (uint8_t *)v.d;
+        *sum = (uint8_t *)v.sum16;
+    }
 }
 
 /* The row's zero padding past each array's last element: what blade_act_convert's memset
@@ -67,36 +77,19 @@ void blade_act_convert_part(uint32_t weight_type, const float *x, void *out, int
         return;
     }
     bool q8 = form == BLADE_TYPE_Q8_0;
-    /* the arrays' offsets in the whole row: quants, scales, sums */
     uint8_t *q = row, *d, *sum;
-    if (q8) {
-        act_q8_view v = act_q8_at(row, n);
-        d = (uint8_t *)v.d;
-        sum = (uint8_t *)v.sum;
-    } else {
-        act_k_view v = act_k_at(row, n);
-        d = (uint8_t *)v.d;
-        sum = (uint8_t *)v.sum16;
-    }
+    scaled_arrays(q8, row, n, &d, &sum);
     int64_t per_scale = q8 ? QK8_0 : QK_K, per_sum = q8 ? QK8_0 : 16;
     size_t sum_bytes = q8 ? sizeof(int32_t) : sizeof(int16_t);
     _Alignas(64) uint8_t part[PART_CHUNK + 2 * ACT_ALIGN + PART_CHUNK / 16 * sizeof(int32_t)];
     for (int64_t b = begin; b < end; b += PART_CHUNK) {
         int64_t len = end - b < PART_CHUNK ? end - b : PART_CHUNK;
         blade_act_convert(weight_type, x + (b - begin), part, len);
-        const uint8_t *pd, *psum;
-        if (q8) {
-            act_q8_view v = act_q8_at(part, len);
-            pd = (const uint8_t *)v.d;
-            psum = (const uint8_t *)v.sum;
-        } else {
-            act_k_view v = act_k_at(part, len);
-            pd = (const uint8_t *)v.d;
-            psum = (const uint8_t *)v.sum16;
-        }
-        copy_part(q, part, (size_t)b, (size_t)len);
-        copy_part(d, pd, (size_t)(b / per_scale) * sizeof(float), (size_t)(len / per_scale) * sizeof(float));
-        copy_part(sum, psum, (size_t)(b / per_sum) * sum_bytes, (size_t)(len / per_sum) * sum_bytes);
+        uint8_t *pd, *psum;
+        scaled_arrays(q8, part, len, &pd, &psum);
+        memcpy(q + b, part, (size_t)len);
+        memcpy(d + (b / per_scale) * (int64_t)sizeof(float), pd, (size_t)(len / per_scale) * sizeof(float));
+        memcpy(sum + (b / per_sum) * (int64_t)sum_bytes, psum, (size_t)(len / per_sum) * sum_bytes);
     }
     if (end == n) {
         zero_tail(q, (size_t)n);
