@@ -340,7 +340,7 @@ TGT_F INLINE void r16_pack(uint32_t ktype, const void *X, size_t x_stride, int64
  * times their value (hi16 true), which saves the shift of every chunk at the price of one
  * shift of the high-nibble sum per token and block: the trade the one-token path takes,
  * where the weight side is decoded for a single token. */
-TGT_F INLINE void r16_load(bool q4, bool hi16, const uint8_t *blk, r16_w *w)
+TGT_F INLINE void r16_load(bool q4, bool hi16, bool reuse, const uint8_t *blk, r16_w *w)
 {
     w->d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
     const uint8_t *q = blk + R16_SCALES;
@@ -355,8 +355,15 @@ TGT_F INLINE void r16_load(bool q4, bool hi16, const uint8_t *blk, r16_w *w)
             w->q[c + 4] = hi16 ? _mm512_and_si512(v, high) : _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         }
     } else {
-        for (int j = 0; j < R16_Q8_CHUNKS; j++)
+        for (int j = 0; j < R16_Q8_CHUNKS; j++) {
             w->q[j] = _mm512_loadu_si512(q + 64 * j);
+            /* In a register for the 2- and 3-token tiles, whose every token gcc otherwise
+             * reads each chunk again for (a 3-token tile ran 36 cycles a block from L2, 24
+             * in registers). Elsewhere left to the compiler: one token ran 13-14 cycles a
+             * block against 15-16 held, and tiles of 9-10 tokens spilled accumulators. */
+            if (reuse)
+                __asm__("" : "+v"(w->q[j]));
+        }
     }
 }
 
@@ -425,7 +432,7 @@ TGT_Q INLINE void r16_blocks(bool q4, int T, bool stream, bool direct, const uin
                 prefetch_stream_by(group + b * bb, bb, STREAM_AHEAD_TILE);
             touch_stream(group + b * bb, bb, end);
         }
-        r16_load(q4, q4 && T == 1, group + b * bb, &w);
+        r16_load(q4, q4 && T == 1, T == 2 || T == 3, group + b * bb, &w);
         if (direct) {
             for (int t = 0; t < T; t++)
                 acc[t] = r16_step(&w, q4 && T == 1, q4 && T == 4, one[t].q + QK8_0 * b, one[t].d[b], one[t].side[b],
