@@ -1,7 +1,7 @@
 /* The thread pool and work sharing: many short runs back to back, each thread's share of
- * a partition, nested runs executing inline, several callers at once, idle pools that
- * sleep and free cleanly, the caller blocking until a run ends, the default size, and
- * work sharing handing out every unit exactly once. */
+ * a partition, nested runs executing inline, runs alone on the caller, several callers at
+ * once, idle pools that sleep and free cleanly, the caller blocking until a run ends, the
+ * default size, and work sharing handing out every unit exactly once. */
 #include "testutil.h"
 
 #include "blade/kernels.h"
@@ -126,6 +126,36 @@ static void test_nested(void **state)
     assert_int_equal(atomic_load(&s.inner_calls), 200 * 3);
     assert_int_equal(atomic_load(&s.inner_bad), 0);
     blade_threadpool_free(s.p);
+}
+
+/* A run alone: fn runs once per call, on the calling thread, and the runs it issues on the
+ * pool execute inline as one thread. */
+typedef struct alone {
+    nested inner;
+    pthread_t caller;
+    int calls;
+    int off_caller;
+} alone;
+
+static void alone_fn(void *ctx)
+{
+    alone *a = ctx;
+    a->calls++;
+    a->off_caller += !pthread_equal(pthread_self(), a->caller);
+    blade_threadpool_run(a->inner.p, inner, &a->inner);
+}
+
+static void test_run_alone(void **state)
+{
+    (void)state;
+    alone a = {.inner = {.p = blade_threadpool_new(3)}, .caller = pthread_self()};
+    for (int r = 0; r < 200; r++)
+        blade_threadpool_run_alone(a.inner.p, alone_fn, &a);
+    assert_int_equal(a.calls, 200);
+    assert_int_equal(a.off_caller, 0);
+    assert_int_equal(atomic_load(&a.inner.inner_calls), 200);
+    assert_int_equal(atomic_load(&a.inner.inner_bad), 0);
+    blade_threadpool_free(a.inner.p);
 }
 
 /* Two caller threads sharing one pool: runs are serialized, none is lost. */
@@ -309,7 +339,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_many_runs),      cmocka_unit_test(test_partition),
-        cmocka_unit_test(test_nested),         cmocka_unit_test(test_concurrent_callers),
+        cmocka_unit_test(test_nested),         cmocka_unit_test(test_run_alone),
+        cmocka_unit_test(test_concurrent_callers),
         cmocka_unit_test(test_idle_and_free),  cmocka_unit_test(test_caller_blocks),
         cmocka_unit_test(test_default_size),   cmocka_unit_test(test_work_share),
     };

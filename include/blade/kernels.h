@@ -150,6 +150,12 @@ int blade_threadpool_size(const blade_threadpool *p);
 /* Runs fn(ctx, ith, nth) on every thread of the pool (the caller is thread 0) and returns
  * when all have finished. Cheap enough to call for each small operation of a decode step. */
 void blade_threadpool_run(blade_threadpool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx);
+/* Runs fn(ctx) on the calling thread alone, as one run of the pool: the runs fn issues on
+ * this pool execute inline, one thread each, while the other threads return at once and
+ * keep spinning for the next run instead of falling asleep. For work made of many passes
+ * too small to split across cores (a tiny draft model's forward), where a pool of one
+ * thread would let this pool's workers sleep and each later run pay their wake-up. */
+void blade_threadpool_run_alone(blade_threadpool *p, void (*fn)(void *ctx), void *ctx);
 int blade_physical_cores(void);
 
 /* ---- work sharing ----

@@ -35,7 +35,7 @@ struct spec_draft {
     double *alive;          /* [max_seqs] each job's chance that all its drafts so far are kept */
     int32_t lookup_min, lookup_max; /* prompt lookup's n-gram lengths; lookup_min 0: off */
     blade_threadpool *pool;
-    bool one_thread; /* forwards run on the calling thread alone (draft_forward) */
+    bool one_thread; /* forwards run on the calling thread alone (draft_call_run) */
 };
 
 /* A draft model this small drafts on the calling thread alone. Its forward is some fifty
@@ -61,25 +61,22 @@ static int measure_step(spec_draft *d, double *one_s)
                              1, one_s);
 }
 
-/* A forward (or the measurement of one) on pool thread 0, as one run of the pool: the
- * runner's own runs nest in it and execute inline there, while the other threads return at
- * once and keep spinning for the next run. A pool of one thread for the drafter instead let
- * the target's workers fall asleep during drafting, and 17-21 forwards per run then stalled
- * 4-5 ms waiting for them to wake (stop 41). */
-static void task_draft_call(void *ctx, int ith, int nth)
+static void draft_call_task(void *ctx)
 {
-    (void)nth;
     draft_call *c = ctx;
-    if (ith == 0)
-        c->rc = c->one_s ? measure_step(c->d, c->one_s) : blade_runner_forward(c->d->runner, c->d->batch, c->n, c->err);
+    c->rc = c->one_s ? measure_step(c->d, c->one_s) : blade_runner_forward(c->d->runner, c->d->batch, c->n, c->err);
 }
 
+/* A forward (or the measurement of one), for a small model on the calling thread alone
+ * while the pool's workers keep spinning: a pool of one thread for the drafter let the
+ * target's workers fall asleep during drafting, and 17-21 forwards per run then stalled 4-5
+ * ms waiting for them to wake (stop 41). */
 static int draft_call_run(spec_draft *d, draft_call *c)
 {
     if (d->one_thread)
-        blade_threadpool_run(d->pool, task_draft_call, c);
+        blade_threadpool_run_alone(d->pool, draft_call_task, c);
     else
-        task_draft_call(c, 0, 1);
+        draft_call_task(c);
     return c->rc;
 }
 

@@ -224,6 +224,25 @@ void blade_threadpool_run(blade_threadpool *p, void (*fn)(void *ctx, int ith, in
     pthread_mutex_unlock(&p->run_mu);
 }
 
+typedef struct alone_call {
+    void (*fn)(void *ctx);
+    void *ctx;
+} alone_call;
+
+static void run_on_thread0(void *ctx, int ith, int nth)
+{
+    (void)nth;
+    const alone_call *c = ctx;
+    if (ith == 0)
+        c->fn(c->ctx);
+}
+
+void blade_threadpool_run_alone(blade_threadpool *p, void (*fn)(void *ctx), void *ctx)
+{
+    alone_call c = {fn, ctx};
+    blade_threadpool_run(p, run_on_thread0, &c);
+}
+
 /* ---- core count ---- */
 
 static int read_int_file(const char *path)
