@@ -1,14 +1,15 @@
 #ifndef BLADE_ATTENTION_H
 #define BLADE_ATTENTION_H
 
-/* Attention over the paged KV store in the flash style: keys and values are visited block
- * by block with an online softmax (running max and sum), so the score matrix is never
- * materialized and memory stays linear in context length.
+/* Attention over the paged KV store in the flash style: keys and values are visited a tile
+ * (a run of consecutive blocks) at a time with an online softmax (running max and sum), so
+ * the score matrix is never materialized and memory stays linear in context length.
  *
  * Batch invariance: the result for a query at absolute position p depends only on p, the
- * query vector and the cached K/V of positions 0..p: blocks are visited in order from
- * position 0, with the same per-query sequence of operations whatever the chunk the query
- * arrives in and however many queries share the call. */
+ * query vector and the cached K/V of positions 0..p: tiles, whose size depends on the
+ * store's shape alone, are visited in order from position 0, with the same per-query
+ * sequence of operations whatever the chunk the query arrives in and however many queries
+ * share the call. */
 
 #include "blade/kv_store.h"
 

@@ -152,6 +152,25 @@ static size_t round16(size_t n)
     return (n + 15) / 16 * 16;
 }
 
+/* Keys per tile: whole blocks, about 4096 / head_dim of them, so that a tile's keys and
+ * values (f32) take about 32 KiB and stay in L1. A tile is the unit of the online softmax:
+ * each row's running max, rescale, sums and output update happen once per tile, and so do
+ * the tile's conversion calls, prefetches and row batches, which 16-key tiles paid often
+ * (head_dim 8: 275 cycles a tile, for 512 multiply-adds). One thread, one KV head of 8
+ * query heads, f16 (MEASURED.md, stop 43): 64-key tiles of head_dim 64 made a call 11, 14
+ * and 17% faster for 1, 2 and 3 queries at position 1000 (7, 10 and 12% at position 64);
+ * head_dim 8 (2 query heads), 16-24% at positions 32 and 400 with 128-key tiles, where 64 to
+ * 256 keys measured alike. The count depends on the store's shape alone, so every query
+ * meets the same tiles whatever call it comes in, which is what batch invariance rests on. */
+#define TILE_BYTES_F32 16384
+#define TILE_BLOCKS_MAX 8
+
+static int32_t tile_blocks(const blade_kv_store *kv)
+{
+    int32_t keys = TILE_BYTES_F32 / (int32_t)sizeof(float) / kv->head_dim, blocks = keys / kv->block_size;
+    return blocks < 1 ? 1 : blocks > TILE_BLOCKS_MAX ? TILE_BLOCKS_MAX : blocks;
+}
+
 /* Scratch regions, in floats; each rounded to 16 floats so every region stays 64-byte
  * aligned once the base is. */
 typedef struct scratch_layout {
@@ -160,11 +179,12 @@ typedef struct scratch_layout {
 
 static scratch_layout layout(const blade_kv_store *kv, int32_t n_q, int32_t n_head)
 {
-    size_t hd = (size_t)kv->head_dim, bp = round16((size_t)kv->block_size);
+    size_t keys = (size_t)kv->block_size * (size_t)tile_blocks(kv);
+    size_t hd = (size_t)kv->head_dim, bp = round16(keys);
     size_t group = (size_t)(n_head / kv->n_head_kv);
     return (scratch_layout){
         .kt = round16(hd * bp),
-        .v = round16((size_t)kv->block_size * hd),
+        .v = round16(keys * hd),
         .p = ATTN_ROWS * bp,
         .acc = round16(hd),
         .ml = round16((size_t)n_q * group),
@@ -223,48 +243,53 @@ void blade_attention(const blade_attention_args *a)
     const attn_tile_conv *kt_conv = bs % isa->lanes == 0 ? conv : tt->tile[BLADE_ISA_SCALAR];
 
     scratch_layout sl = layout(kv, a->n_q, a->n_head);
+    const int32_t tile_n = tile_blocks(kv), keys = tile_n * bs;
     float *base = (float *)(((uintptr_t)a->scratch + 63) & ~(uintptr_t)63);
     float *kt = base, *vbuf = kt + sl.kt;
     float *m = vbuf + sl.v + sl.p + sl.acc, *l = m + sl.ml;
     attn_tile tile = {
         .kt = kt,
+        .v = vbuf,
         .p = vbuf + sl.v,
         .acc = vbuf + sl.v + sl.p,
         .head_dim = hd,
-        .bp = (int32_t)round16((size_t)bs),
+        .bp = (int32_t)round16((size_t)keys),
         .scale = a->scale,
     };
-    /* Key lanes past block_size are masked off, but they are still read, so they must not
-     * be uninitialized memory. */
-    if (tile.bp != bs)
+    /* Score vectors read 16 key lanes at a time; with blocks of a size that is no multiple
+     * of 16, lanes no block fills are read (and masked off), so they must not be
+     * uninitialized memory. */
+    if (bs % 16 != 0)
         memset(kt, 0, sl.kt * sizeof *kt);
 
     const int32_t last = a->pos0 + a->n_q - 1;
-    const int32_t n_blocks = last / bs + 1;
+    const int32_t n_tiles = last / keys + 1;
     for (int32_t kvh = a->kv_head_begin; kvh < a->kv_head_end; kvh++) {
         const int32_t h0 = kvh * group;
-        for (int32_t b = 0; b < n_blocks; b++) {
-            const int32_t t0 = b * bs, phys = a->block_table[b];
-            const int32_t n_slots = last + 1 - t0 < bs ? last + 1 - t0 : bs;
-            /* All keys of the block, including slots no query of this call may see: it
-             * keeps the converted tile independent of the call, and those lanes are
-             * masked out of every score. */
-            kt_conv->load_kt(blade_kv_store_k(kv, a->layer, phys, kvh), blade_kv_store_k_scale(kv, a->layer, phys, kvh),
-                             kt, bs, hd, tile.bp);
-            const uint8_t *v = blade_kv_store_v(kv, a->layer, phys, kvh);
-            if (conv->load_v) {
-                conv->load_v(v, blade_kv_store_v_scale(kv, a->layer, phys, kvh), vbuf, n_slots, hd);
-                tile.v = vbuf;
-            } else {
-                tile.v = (const float *)v;
+        for (int32_t ti = 0; ti < n_tiles; ti++) {
+            const int32_t t0 = ti * keys;
+            for (int32_t j = 0; j < tile_n && t0 + j * bs <= last; j++) {
+                const int32_t first = t0 + j * bs, phys = a->block_table[first / bs];
+                const int32_t n_slots = last + 1 - first < bs ? last + 1 - first : bs;
+                /* All keys of the block, including slots no query of this call may see: it
+                 * keeps the converted tile independent of the call, and those lanes are
+                 * masked out of every score. */
+                kt_conv->load_kt(blade_kv_store_k(kv, a->layer, phys, kvh),
+                                 blade_kv_store_k_scale(kv, a->layer, phys, kvh), kt + j * bs, bs, hd, tile.bp);
+                const uint8_t *v = blade_kv_store_v(kv, a->layer, phys, kvh);
+                float *dst = vbuf + (size_t)j * (size_t)bs * (size_t)hd;
+                if (conv->load_v)
+                    conv->load_v(v, blade_kv_store_v_scale(kv, a->layer, phys, kvh), dst, n_slots, hd);
+                else
+                    memcpy(dst, v, (size_t)n_slots * (size_t)hd * sizeof *dst);
             }
-            tile.first = b == 0;
-            /* Blocks are scattered, so the hardware prefetcher cannot guess the next one;
-             * asking for it now hides the memory latency behind this tile's work. */
-            if (b + 1 < n_blocks)
-                prefetch_block(kv, a->layer, a->block_table[b + 1], kvh);
+            tile.first = ti == 0;
+            /* Blocks are scattered, so the hardware prefetcher cannot guess the next ones;
+             * asking for them now hides the memory latency behind this tile's work. */
+            for (int32_t j = 0; j < tile_n && t0 + keys + j * bs <= last; j++)
+                prefetch_block(kv, a->layer, a->block_table[(t0 + keys) / bs + j], kvh);
 
-            /* Queries before this block have finished; the rest see it up to their own
+            /* Queries before this tile have finished; the rest see it up to their own
              * position, so each one's sequence of tiles depends on its position alone. */
             attn_row batch[ATTN_ROWS];
             int n_batch = 0;
@@ -279,7 +304,7 @@ void blade_attention(const blade_attention_args *a)
                         .o = o + (size_t)g * (size_t)hd,
                         .m = &m[st],
                         .l = &l[st],
-                        .n_valid = seen < bs ? seen : bs,
+                        .n_valid = seen < keys ? seen : keys,
                     };
                     if (n_batch == ATTN_ROWS) {
                         isa->rows(&tile, batch, n_batch);

@@ -2,14 +2,15 @@
 #define BLADE_ATTENTION_INTERNAL_H
 
 /* What the ISA paths of blade_attention share. attention.c owns the loop order (KV head,
- * then block, then query, then query head), which is what batch invariance rests on; an
+ * then tile, then query, then query head), which is what batch invariance rests on; an
  * ISA path supplies the online-softmax update of (query, query head) rows by one tile and,
- * for every KV element type, the conversion of a store block into a tile. Every ISA's
+ * for every KV element type, the conversion of a store block into its part of a tile. Every ISA's
  * conversion of a type must give the same floats (every type converts exactly), so which
  * ISA converted a tile never shows in the results.
  *
- * A tile is one store block of one KV head, converted to f32: keys transposed to
- * [head_dim][bp] (bp = block_size rounded up to 16) so that the scores of a query against
+ * A tile is a run of consecutive store blocks of one KV head (how many depends on the
+ * store's shape alone, attention.c), converted to f32: keys transposed to [head_dim][bp]
+ * (bp = the tile's keys rounded up to 16) so that the scores of a query against
  * all keys of the tile are a lane-wise multiply-add over head_dim, never a horizontal sum
  * whose shape could depend on anything but the query; values as [slot][head_dim]. */
 
@@ -39,7 +40,7 @@ typedef struct attn_tile {
     int32_t head_dim;
     int32_t bp;
     float scale;
-    bool first; /* block 0: no running state to rescale yet */
+    bool first; /* the first tile: no running state to rescale yet */
 } attn_tile;
 
 /* Conversion of one store block of one KV head into the tile: src points at its
@@ -49,12 +50,13 @@ typedef struct attn_tile {
  * times a bfloat16 scale fits in a float's 24-bit significand), so every ISA's tile holds
  * the same floats. */
 typedef struct attn_tile_conv {
-    /* All block_size keys into kt. The ISA's version needs block_size and head_dim to be
-     * multiples of its lanes (attention.c uses the scalar one otherwise). */
+    /* All block_size keys into kt (the block's first column of the tile), rows bp floats
+     * apart. The ISA's version needs block_size and head_dim to be multiples of its lanes
+     * (attention.c uses the scalar one otherwise). */
     void (*load_kt)(const uint8_t *src, const uint16_t *scales, float *kt, int32_t block_size, int32_t head_dim,
                     int32_t bp);
     /* The first n_slots slots' values into dst as [slot][head_dim]; head_dim is a multiple
-     * of the ISA's lanes. NULL for f32, whose values the tile reads in place. */
+     * of the ISA's lanes. NULL for f32, whose values attention.c copies. */
     void (*load_v)(const uint8_t *src, const uint16_t *scales, float *dst, int32_t n_slots, int32_t head_dim);
 } attn_tile_conv;
 
