@@ -35,14 +35,14 @@ struct spec_draft {
     double *alive;          /* [max_seqs] each job's chance that all its drafts so far are kept */
     int32_t lookup_min, lookup_max; /* prompt lookup's n-gram lengths; lookup_min 0: off */
     blade_threadpool *pool;
-    bool one_thread; /* forwards run on the calling thread alone (draft_call_run) */
+    bool one_thread; /* few-token forwards run on the calling thread alone (draft_forward) */
 };
 
-/* A draft model this small drafts on the calling thread alone. Its forward is some fifty
- * passes of a few microseconds' work each, and split over the pool each pass pays the
- * handoff between cores (a cache line takes about 215 ns one way on a Zen 5 host), so that a
- * forward of stories260K-draft (1 MiB) took 60-92 us in the engine against 27.5 us alone
- * (MEASURED.md, stop 41). Bigger models (the self-draft view streams a quarter of the
+/* A draft model this small makes its few-token calls on the calling thread alone. Its
+ * forward is some fifty passes of a few microseconds' work each, and split over the pool
+ * each pass pays the handoff between cores (a cache line takes about 215 ns one way on a
+ * Zen 5 host), so that a forward of stories260K-draft (1 MiB) took 60-92 us in the engine
+ * against 27.5 us alone (MEASURED.md, stop 41). Bigger models (the self-draft view streams a quarter of the
  * target's weights) want every core's share of the memory bandwidth. */
 #define ONE_THREAD_BYTES ((size_t)8 << 20)
 
@@ -71,18 +71,27 @@ static void draft_call_task(void *ctx)
  * while the pool's workers keep spinning: a pool of one thread for the drafter let the
  * target's workers fall asleep during drafting, and 17-21 forwards per run then stalled 4-5
  * ms waiting for them to wake (stop 41). */
-static int draft_call_run(spec_draft *d, draft_call *c)
+static int draft_call_run(spec_draft *d, draft_call *c, bool alone)
 {
-    if (d->one_thread)
+    if (alone)
         blade_threadpool_run_alone(d->pool, draft_call_task, c);
     else
         draft_call_task(c);
     return c->rc;
 }
 
+/* A call of this many tokens (a prompt the draft model catches up on) has enough work in
+ * each pass to pay for splitting it across the pool, even for a model that drafts alone:
+ * stories260K-draft read 400 tokens in 4.8 ms on two threads against 9.1 ms on one, 16 in
+ * 0.14 against 0.25 ms (MEASURED.md, stop 43). */
+#define POOL_TOKENS 16
+
 static int draft_forward(spec_draft *d, int32_t n, blade_error *err)
 {
-    return draft_call_run(d, &(draft_call){.d = d, .n = n, .err = err});
+    int32_t tokens = 0;
+    for (int32_t i = 0; i < n; i++)
+        tokens += d->batch[i].n_tokens;
+    return draft_call_run(d, &(draft_call){.d = d, .n = n, .err = err}, d->one_thread && tokens < POOL_TOKENS);
 }
 
 int spec_draft_check_vocab(const blade_model *target, const blade_model *draft, blade_error *err)
@@ -222,7 +231,7 @@ void spec_draft_set_lookup(spec_draft *d, int32_t n_min, int32_t n_max)
 double spec_draft_step_seconds(spec_draft *d)
 {
     double one;
-    if (draft_call_run(d, &(draft_call){.d = d, .one_s = &one}))
+    if (draft_call_run(d, &(draft_call){.d = d, .one_s = &one}, d->one_thread))
         return -1;
     return one;
 }
