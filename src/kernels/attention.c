@@ -152,17 +152,19 @@ static size_t round16(size_t n)
     return (n + 15) / 16 * 16;
 }
 
-/* Keys per tile: whole blocks, about 4096 / head_dim of them, so that a tile's keys and
- * values (f32) take about 32 KiB and stay in L1. A tile is the unit of the online softmax:
- * each row's running max, rescale, sums and output update happen once per tile, and so do
- * the tile's conversion calls, prefetches and row batches, which 16-key tiles paid often
+/* Keys per tile: whole blocks, about 3072 / head_dim of them, so that a tile's keys and
+ * values (f32) take about 24 KiB and stay within a 32 KiB L1 with the scores beside them
+ * (Zen 1 and Zen 4 have 32 KiB, Zen 5 48). A tile is the unit of the online softmax: each
+ * row's running max, rescale, sums and output update happen once per tile, and so do the
+ * tile's conversion calls, prefetches and row batches, which 16-key tiles paid often
  * (head_dim 8: 275 cycles a tile, for 512 multiply-adds). One thread, one KV head of 8
- * query heads, f16 (MEASURED.md, stop 43): 64-key tiles of head_dim 64 made a call 11, 14
- * and 17% faster for 1, 2 and 3 queries at position 1000 (7, 10 and 12% at position 64);
- * head_dim 8 (2 query heads), 16-24% at positions 32 and 400 with 128-key tiles, where 64 to
- * 256 keys measured alike. The count depends on the store's shape alone, so every query
- * meets the same tiles whatever call it comes in, which is what batch invariance rests on. */
-#define TILE_BYTES_F32 16384
+ * query heads, f16 (MEASURED.md, stop 43): 48-key tiles of head_dim 64 made a call 9-16%
+ * faster for 1 to 5 queries at position 1000 and 9-15% at position 64 (64-key tiles: 2-3%
+ * faster at 1000, 2.5% slower at 64); head_dim 8 (2 query heads), 15-25% at positions 32
+ * and 400 with 128-key tiles, where 64 to 256 keys measured alike. The count depends on
+ * the store's shape alone, so every query meets the same tiles whatever call it comes in,
+ * which is what batch invariance rests on. */
+#define TILE_BYTES_F32 12288
 #define TILE_BLOCKS_MAX 8
 
 static int32_t tile_blocks(const blade_kv_store *kv)
