@@ -925,6 +925,59 @@ static void test_policy(void **state)
     assert_false(spec_policy_probe(gentle, 5, 1, 0.5, 1000000));
 }
 
+/* splitmix64, as a uniform number in [0, 1) */
+static double uniform01(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (double)((z ^ (z >> 31)) >> 11) / 9007199254740992.0;
+}
+
+/* Drafting goes on only while some longer run could be verified: where it stops, the
+ * policy given any further drafts (each no likelier than the last made) keeps none of them. */
+static void test_policy_draft_more(void **state)
+{
+    (void)state;
+    double flat[6] = {0, 1, 1, 1, 1, 1}, q4[6] = {0, 1, 1.05, 1.12, 1.35, 1.55};
+    double strong[2] = {0.9, 0.75}, weak[2] = {0.9, 0.4};
+    spec_step_econ e = {q4, 5, 1, 1, 0};
+    /* before the first draft, and while a free verify awaits */
+    assert_true(spec_policy_draft_more(&e, strong, 0, 4));
+    spec_step_econ free_verify = {flat, 5, 1, 1, 0};
+    assert_true(spec_policy_draft_more(&free_verify, weak, 2, 4));
+    /* a third draft kept at 0.75 would raise 2.65 / 1.12 to 3.4 / 1.35; at 0.4 nothing
+     * beats 2.3 / 1.12 */
+    assert_true(spec_policy_draft_more(&e, strong, 2, 4));
+    assert_false(spec_policy_draft_more(&e, weak, 2, 4));
+    /* nor once its call costs a fifth of a step */
+    e.draft_cost = 0.2;
+    assert_false(spec_policy_draft_more(&e, strong, 2, 4));
+    /* never past k_max */
+    assert_false(spec_policy_draft_more(&free_verify, strong, 2, 2));
+
+    /* the promise, on random curves and ratings */
+    uint64_t seed = 12345;
+    for (int trial = 0; trial < 20000; trial++) {
+        double cost[10] = {0, 1}, gain[8];
+        for (int t = 2; t < 10; t++)
+            cost[t] = cost[t - 1] + 0.4 * uniform01(&seed) * uniform01(&seed);
+        int32_t k_max = 1 + (int32_t)(uniform01(&seed) * 8), base = 1 + (int32_t)(uniform01(&seed) * 3);
+        double alive = 1;
+        for (int32_t d = 0; d < k_max; d++)
+            gain[d] = alive *= uniform01(&seed);
+        spec_step_econ s = {cost, 9, base, base, 0};
+        for (int32_t n = 1; n < k_max; n++) {
+            if (spec_policy_draft_more(&s, gain, n, k_max))
+                continue;
+            spec_cand c = {.gain = gain, .k_max = k_max};
+            spec_policy_choose(cost, 9, base, base, 0, &c, 1);
+            assert_true(c.k <= n);
+            break;
+        }
+    }
+}
+
 /* The calibration starts from its priors and follows what verification shows, band by
  * band; confidences outside [0, 1) land in the end bands. */
 static void test_calibration(void **state)
@@ -1303,6 +1356,7 @@ int main(void)
         cmocka_unit_test(test_draft_model_refused),
         cmocka_unit_test(test_sampled_distribution),
         cmocka_unit_test(test_policy),
+        cmocka_unit_test(test_policy_draft_more),
         cmocka_unit_test(test_calibration),
         cmocka_unit_test(test_live_curve),
         cmocka_unit_test(test_adaptive_engine),

@@ -185,12 +185,11 @@ blade_engine *blade_engine_new(const blade_model *m, const blade_engine_config *
     e->draft_owner = malloc(seqs * sizeof *e->draft_owner);
     e->spec_probs = malloc((size_t)m->hp.n_vocab * sizeof *e->spec_probs);
     e->cands = malloc(seqs * sizeof *e->cands);
-    e->spec_gain = malloc(seqs * BLADE_SPEC_MAX_K * sizeof *e->spec_gain);
     spec_calib_init(&e->calib);
     spec_accept_init(&e->spec_traffic);
     e->cand_owner = malloc(seqs * sizeof *e->cand_owner);
     bool scratch = e->row_ids && e->item_row && e->item_out && e->item_bad && e->spec_out && e->draft_jobs &&
-                   e->draft_owner && e->spec_probs && e->cands && e->spec_gain && e->cand_owner;
+                   e->draft_owner && e->spec_probs && e->cands && e->cand_owner;
     if (scratch && e->runner && (cfg->spec.mode == BLADE_SPEC_DRAFT || cfg->spec.mode == BLADE_SPEC_SELF)) {
         bool self = cfg->spec.mode == BLADE_SPEC_SELF;
         bool own = cfg->spec.self_type == BLADE_SPEC_SELF_OWN;
@@ -332,7 +331,6 @@ void blade_engine_free(blade_engine *e, bool drain)
     free(e->draft_owner);
     free(e->spec_probs);
     free(e->cands);
-    free(e->spec_gain);
     free(e->cand_owner);
     spec_draft_free(e->draft);
     blade_runner_free(e->runner);

@@ -118,7 +118,6 @@ struct blade_engine {
     spec_draft_job *draft_jobs; /* [max_seqs] */
     struct request_state **draft_owner; /* [max_seqs] whose job each is */
     spec_cand *cands;      /* [max_seqs] the policy's candidates ... */
-    double *spec_gain;     /* [max_seqs][BLADE_SPEC_MAX_K] their made drafts' chances (spec_cand.gain) */
     spec_calib calib;      /* what a model draft's confidence says about its acceptance */
     struct request_state **cand_owner; /* ... and whose each is */
     bool adaptive;         /* the policy chooses k (the cost curve is known) */

@@ -32,7 +32,6 @@ struct spec_draft {
     int32_t *job_of;        /* [max_seqs] job of each batch entry */
     int32_t *pos_token;     /* [max_seqs] the one token each later call feeds */
     float *logits;          /* [max_seqs][n_vocab] */
-    double *alive;          /* [max_seqs] each job's chance that all its drafts so far are kept */
     int32_t lookup_min, lookup_max; /* prompt lookup's n-gram lengths; lookup_min 0: off */
     blade_threadpool *pool;
     bool one_thread; /* few-token forwards run on the calling thread alone (draft_forward) */
@@ -188,8 +187,7 @@ spec_draft *spec_draft_new(const char *path, int32_t self_layers, uint32_t self_
     d->job_of = calloc((size_t)max_seqs, sizeof *d->job_of);
     d->pos_token = calloc((size_t)max_seqs, sizeof *d->pos_token);
     d->logits = malloc((size_t)max_seqs * (size_t)d->m->hp.n_vocab * sizeof(float));
-    d->alive = calloc((size_t)max_seqs, sizeof *d->alive);
-    if (!d->batch || !d->job_of || !d->pos_token || !d->logits || !d->alive) {
+    if (!d->batch || !d->job_of || !d->pos_token || !d->logits) {
         blade_error_set(err, "out of memory");
         goto fail;
     }
@@ -207,7 +205,6 @@ void spec_draft_free(spec_draft *d)
     free(d->job_of);
     free(d->pos_token);
     free(d->logits);
-    free(d->alive);
     blade_runner_free(d->runner);
     if (d->view) {
         free(d->m);
@@ -339,11 +336,10 @@ static float choice_prob(const float *logits, int32_t n, int32_t top)
 /* Appends job i's next draft: the draft model's choice from its logits, or prompt
  * lookup's candidate where the two differ and the calibration rates lookup likelier to be
  * kept. A row with no usable logits ends the job's drafting. */
-static void push_draft(spec_draft *d, spec_draft_job *j, int32_t i, const float *logits, const spec_calib *calib)
+static void push_draft(spec_draft *d, spec_draft_job *j, const float *logits, const spec_calib *calib)
 {
     int32_t top = blade_argmax(logits, d->m->hp.n_vocab);
     if (top < 0) {
-        d->alive[i] = 0;
         j->k = j->n_out;
         return;
     }
@@ -362,18 +358,24 @@ static void push_draft(spec_draft *d, spec_draft_job *j, int32_t i, const float 
     j->tokens[j->n_tokens + j->n_out] = tok;
     j->conf[j->n_out] = conf;
     j->source[j->n_out] = (uint8_t)src;
+    j->gain[j->n_out] = (j->n_out ? j->gain[j->n_out - 1] : 1.0) * spec_calib_rate(calib, src, conf);
     j->n_out++;
-    d->alive[i] *= spec_calib_rate(calib, src, conf);
+}
+
+/* Whether job j, having made its drafts so far, feeds the last for another. */
+static bool drafts_more(const spec_draft_job *j)
+{
+    if (j->n_out >= j->k || j->gain[j->n_out - 1] < j->stop_below)
+        return false;
+    return !j->econ || spec_policy_draft_more(j->econ, j->gain, j->n_out, j->k);
 }
 
 int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, const spec_calib *calib, blade_error *err)
 {
     const int32_t n_vocab = d->m->hp.n_vocab;
     int32_t budget = d->max_batch_tokens, n = 0, k_max = 0;
-    for (int32_t i = 0; i < n_jobs; i++) {
+    for (int32_t i = 0; i < n_jobs; i++)
         jobs[i].n_out = 0;
-        d->alive[i] = 1;
-    }
     /* call 1: catch up, and the first draft of each sequence that caught up fully */
     for (int32_t i = 0; i < n_jobs && n < d->max_seqs; i++) {
         spec_draft_job *j = &jobs[i];
@@ -422,7 +424,7 @@ int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, cons
         spec_draft_job *j = &jobs[d->job_of[b]];
         j->seq->n_computed += d->batch[b].n_tokens;
         if (d->batch[b].n_logits) {
-            push_draft(d, j, d->job_of[b], d->logits + (size_t)b * n_vocab, calib);
+            push_draft(d, j, d->logits + (size_t)b * n_vocab, calib);
             if (j->k > k_max)
                 k_max = j->k;
         }
@@ -433,7 +435,7 @@ int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, cons
         for (int32_t i = 0; i < n_jobs; i++) {
             spec_draft_job *j = &jobs[i];
             spec_draft_seq *s = j->seq;
-            if (j->n_out != step || j->k <= step || d->alive[i] < j->stop_below)
+            if (j->n_out != step || !drafts_more(j))
                 continue;
             int32_t last = j->tokens[j->n_tokens + step - 1];
             const blade_kv_cache_seq *kv = job_kv(d, j);
@@ -458,7 +460,7 @@ int spec_draft_propose(spec_draft *d, spec_draft_job *jobs, int32_t n_jobs, cons
             return -1;
         }
         for (int32_t b = 0; b < n; b++)
-            push_draft(d, &jobs[d->job_of[b]], d->job_of[b], d->logits + (size_t)b * n_vocab, calib);
+            push_draft(d, &jobs[d->job_of[b]], d->logits + (size_t)b * n_vocab, calib);
     }
     end_shared(d, jobs, n_jobs);
     return 0;

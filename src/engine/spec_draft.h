@@ -54,9 +54,13 @@ typedef struct spec_draft_job {
     /* drafting stops once the estimated chance that every draft so far is kept falls
      * below this (0: never; the drafts then run to k) */
     double stop_below;
+    /* NULL, or the step's economics, by which drafting also stops where no further draft
+     * could be worth verifying (spec_policy_draft_more) */
+    const spec_step_econ *econ;
     int32_t n_out;         /* drafts proposed (0: none this step) */
     float conf[BLADE_SPEC_MAX_K];    /* each draft's probability under the draft model's own choice */
     uint8_t source[BLADE_SPEC_MAX_K]; /* each draft's spec_source */
+    double gain[BLADE_SPEC_MAX_K];   /* each draft's rated chance that it and all before it are kept */
 } spec_draft_job;
 
 /* Refuses a draft whose vocabulary is not the target's (size, special ids, every token's
@@ -98,7 +102,7 @@ int32_t spec_draft_max_context(const spec_draft *d);
 void spec_draft_set_lookup(spec_draft *d, int32_t n_min, int32_t n_max);
 
 /* Drafts for every job in as few ragged calls as the longest k needs, with calib rating
- * each draft for the jobs' stop_below. A job whose catch-up
+ * each draft for the jobs' stop_below and econ. A job whose catch-up
  * does not fit in this step's token budget is caught up partly and drafts nothing; a job
  * whose draft KV cannot be had, or whose positions run past the draft's context, drafts
  * nothing. Returns 0, or -1 with err set when the runner failed (no job then drafts). */

@@ -179,6 +179,25 @@ void spec_policy_choose(const double *cost, int32_t n_cost, double base_value, i
     }
 }
 
+bool spec_policy_draft_more(const spec_step_econ *s, const double *gain, int32_t n, int32_t k_max)
+{
+    if (n <= 0 || n >= k_max)
+        return n < k_max;
+    int32_t tokens = s->base_tokens > 0 ? s->base_tokens : 1;
+    double value = s->base_value, best = value / step_cost(s->cost, s->n_cost, tokens);
+    for (int32_t m = 1; m <= n; m++) {
+        value += gain[m - 1];
+        double ratio = value / step_cost(s->cost, s->n_cost, tokens + m);
+        best = ratio > best ? ratio : best;
+    }
+    for (int32_t m = n + 1; m <= k_max; m++) {
+        double more = m - n;
+        if ((value + more * gain[n - 1]) / (step_cost(s->cost, s->n_cost, tokens + m) + more * s->draft_cost) > best)
+            return true;
+    }
+    return false;
+}
+
 bool spec_policy_probe(const double *cost, int32_t n_cost, int32_t base_tokens, double draft_cost, int32_t idle)
 {
     int32_t tokens = base_tokens > 0 ? base_tokens : 1;

@@ -84,6 +84,27 @@ typedef struct spec_cand {
 void spec_policy_choose(const double *cost, int32_t n_cost, double base_value, int32_t base_tokens, double draft_cost,
                         spec_cand *c, int32_t n);
 
+/* What a step's drafts are weighed against: the verify-cost curve (cost[1..n_cost]), the
+ * step's useful work and tokens without drafts, and one draft-model call, all relative to
+ * a one-token step (spec_policy_choose's arguments). */
+typedef struct spec_step_econ {
+    const double *cost;
+    int32_t n_cost;
+    double base_value;
+    int32_t base_tokens;
+    double draft_cost;
+} spec_step_econ;
+
+/* Whether a sequence whose n drafts so far have the chances gain[0..n) (each, that it and
+ * every draft before it are kept) should draft again, up to k_max drafts: true while some
+ * longer run could verify at a better ratio than the best of the drafts already made, even
+ * with every further draft kept as often as the last (each rating multiplies the chance by
+ * at most 1) and each costing another call. Drafts past that would be made only to be
+ * trimmed: the Q4_0 target's drafter made 3.2-3.3 drafts a step of which the step verified
+ * 2.1-2.2 (MEASURED.md). The sequence is weighed alone; beside others' drafts its own sit
+ * further up the curve, where they pay no better. */
+bool spec_policy_draft_more(const spec_step_econ *s, const double *gain, int32_t n, int32_t k_max);
+
 /* Whether a sequence the policy gave no drafts, idle steps in a row, drafts once anyway.
  * Its rate learns only from drafts, so without a try now and then a sequence whose text
  * turns predictable after a doubtful stretch would never draft again. A try is made only

@@ -359,12 +359,7 @@ static void trim_drafts(blade_engine *e, int32_t n_jobs)
         const spec_draft_job *j = &e->draft_jobs[i];
         if (j->n_out == 0)
             continue;
-        double *gain = e->spec_gain + (size_t)n * BLADE_SPEC_MAX_K, alive = 1;
-        for (int32_t d = 0; d < j->n_out; d++) {
-            alive *= spec_calib_rate(&e->calib, (spec_source)j->source[d], j->conf[d]);
-            gain[d] = alive;
-        }
-        e->cands[n] = (spec_cand){.gain = gain, .k_max = j->n_out};
+        e->cands[n] = (spec_cand){.gain = j->gain, .k_max = j->n_out};
         e->cand_owner[n++] = e->draft_owner[i];
     }
     int32_t work = step_work(e);
@@ -385,9 +380,10 @@ static void trim_drafts(blade_engine *e, int32_t n_jobs)
  * meanwhile. */
 static void propose_with_draft_model(blade_engine *e)
 {
-    int32_t n = 0;
+    int32_t n = 0, work = step_work(e);
     /* a draft must also be worth its call of the draft model */
     double stop_below = DRAFT_STOP_BELOW > 2 * e->draft_cost ? DRAFT_STOP_BELOW : 2 * e->draft_cost;
+    spec_step_econ econ = {e->curve.cost, e->curve.n, work, work, e->draft_cost};
     for (request_state *r = e->live; r; r = r->next_live) {
         if (r->seq.state == BLADE_SEQ_WAITING && r->draft.kv.n_blocks)
             spec_draft_seq_release(e->draft, &r->draft);
@@ -396,7 +392,8 @@ static void propose_with_draft_model(blade_engine *e)
             e->draft_jobs[n++] = (spec_draft_job){.seq = &r->draft, .target_seq = &r->seq.kv, .tokens = r->tokens,
                                                   .n_tokens = r->seq.n_tokens,
                                                   .k = e->adaptive && !r->spec_probe ? draft_room(e, r) : r->spec_k,
-                                                  .stop_below = e->adaptive ? stop_below : 0};
+                                                  .stop_below = e->adaptive ? stop_below : 0,
+                                                  .econ = e->adaptive ? &econ : NULL};
         }
     }
     blade_error err = {{0}};
