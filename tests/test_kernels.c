@@ -233,6 +233,12 @@ static void test_invariance_float(void **state)
     check_invariance(BLADE_TYPE_F32, 300);
     check_invariance(BLADE_TYPE_F16, 300);
     check_invariance(BLADE_TYPE_BF16, 300);
+    /* short rows (a small draft model's): whole vectors, a ragged tail, less than one */
+    const int64_t short_n[] = {64, 172, 256, 8};
+    for (size_t i = 0; i < sizeof short_n / sizeof *short_n; i++) {
+        check_invariance(BLADE_TYPE_F32, short_n[i]);
+        check_invariance(BLADE_TYPE_F16, short_n[i]);
+    }
 }
 
 static void test_invariance_q32(void **state)
