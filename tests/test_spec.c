@@ -1059,6 +1059,37 @@ static void test_live_curve(void **state)
     assert_memory_equal(&before, &c, sizeof c);
 }
 
+/* A size the curve overrates and the policy therefore never runs drifts down to the size
+ * below it once stale, and its next step measures it afresh, cheap or dear; sizes that
+ * keep running keep their times. */
+static void test_live_curve_stale(void **state)
+{
+    (void)state;
+    double measured[6] = {0, 1, 1.02, 1.1, 2.0, 2.2};
+    spec_curve c;
+    spec_curve_init(&c, measured, 5, 10);
+    const double ms[4] = {10, 10.2, 11, 10.5};
+    for (int i = 0; i < SPEC_CURVE_STALE; i++)
+        spec_curve_observe(&c, 1 + i % 3, ms[i % 3]);
+    assert_true(fabs(c.cost[4] - 2.0) < 1e-12); /* not stale yet */
+    for (int i = 0; i < 60; i++)
+        spec_curve_observe(&c, 1 + i % 3, ms[i % 3]);
+    assert_true(c.cost[4] < 1.11 && c.cost[5] < 1.11);
+    assert_true(fabs(c.busy_ms[2] - 10.2) < 1e-9 && fabs(c.busy_ms[3] - 11) < 1e-9);
+    /* four tokens turn out to cost what three do */
+    spec_curve_observe(&c, 4, 10.5);
+    assert_true(fabs(c.busy_ms[4] - 10.5) < 1e-9);
+    assert_int_equal(c.age[4], 0);
+    /* five stay dear: the first step at that size says so at once */
+    spec_curve_observe(&c, 5, 22);
+    assert_true(fabs(c.cost[5] - 2.2) < 1e-9);
+    for (int i = 0; i < 3 * SPEC_CURVE_STALE; i++)
+        spec_curve_observe(&c, 1 + i % 4, ms[i % 4]);
+    for (int t = 2; t <= 4; t++)
+        assert_true(fabs(c.busy_ms[t] - ms[t - 1]) < 1e-9);
+    assert_true(c.cost[5] < 1.11);
+}
+
 /* The adaptive engine: with prompt lookup and a given curve, where a verify costs a step
  * per token it drafts nothing and where it is free it drafts; with the draft model, drafts
  * stop at a doubtful one and each step verifies what their ratings make worth it, with a
@@ -1359,6 +1390,7 @@ int main(void)
         cmocka_unit_test(test_policy_draft_more),
         cmocka_unit_test(test_calibration),
         cmocka_unit_test(test_live_curve),
+        cmocka_unit_test(test_live_curve_stale),
         cmocka_unit_test(test_adaptive_engine),
         cmocka_unit_test(test_useless_drafter_seldom_called),
         cmocka_unit_test(test_solo_step_stats),

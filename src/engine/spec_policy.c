@@ -6,6 +6,7 @@
 #include "common/clock.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -258,12 +259,25 @@ void spec_curve_observe(spec_curve *c, int32_t t, double ms)
 {
     if (t < 1 || t > c->n || !(ms > 0))
         return;
-    bool slow = t > 1 && ms > MEMORY_BOUND_MARGIN * c->busy_ms[t];
+    /* a stale size's first step measures it afresh; it is no sign of slow memory, since
+     * its time had drifted down */
+    bool fresh = t > 1 && c->age[t] > SPEC_CURVE_STALE;
+    bool slow = t > 1 && !fresh && ms > MEMORY_BOUND_MARGIN * c->busy_ms[t];
     c->slow_run = slow ? c->slow_run + 1 : 0;
     if (t == 1 || ms < c->mem_ms || c->slow_run >= SLOW_RUN_STEPS)
         c->mem_ms = CURVE_DECAY * c->mem_ms + (1 - CURVE_DECAY) * ms;
-    if (t > 1 && !slow)
+    if (fresh)
+        c->busy_ms[t] = ms;
+    else if (t > 1 && !slow)
         c->busy_ms[t] = CURVE_DECAY * c->busy_ms[t] + (1 - CURVE_DECAY) * ms;
+    for (int32_t s = 2; s <= c->n; s++) {
+        c->age[s] = s == t ? 0 : c->age[s] < INT32_MAX ? c->age[s] + 1 : INT32_MAX;
+        if (c->age[s] > SPEC_CURVE_STALE) {
+            double below = s == 2 ? c->mem_ms : c->busy_ms[s - 1];
+            if (below < c->busy_ms[s])
+                c->busy_ms[s] = CURVE_DECAY * c->busy_ms[s] + (1 - CURVE_DECAY) * below;
+        }
+    }
     curve_update(c);
 }
 

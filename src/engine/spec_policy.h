@@ -128,12 +128,26 @@ typedef struct spec_curve {
     double busy_ms[BLADE_SPEC_MAX_K + 2];
     double mem_ms;
     int32_t slow_run; /* steps of several tokens in a row slower than memory-bound */
+    /* observed steps since each size's last; past SPEC_CURVE_STALE its time drifts down to
+     * the next smaller size's until a step of it is seen again */
+    int32_t age[BLADE_SPEC_MAX_K + 2];
     double cost[BLADE_SPEC_MAX_K + 2];
 } spec_curve;
 
+/* A size the policy has not run for this many observed steps is taken as no dearer than
+ * the size below it, so that it gets run and measured again: a size the curve overrates
+ * is otherwise never chosen, and so never corrected: a Q8_0 run verified at most two drafts
+ * in all but 4 of its 219 steps (1.92x and 1.88x, where the hour's other runs read
+ * 1.95-2.24x verifying mostly three and four), and engines given a curve that put 4- and
+ * 5-token steps at 2x ran no 4-token step, against 56-123 of about 230 with this
+ * (MEASURED.md, stop 44). Where the size really is dear, the step that finds out costs
+ * its extra tokens once in this many. */
+#define SPEC_CURVE_STALE 100
+
 /* From a measured curve (cost[1..n], made by spec_measure_cost) and its one-token step. */
 void spec_curve_init(spec_curve *c, const double *cost, int32_t n, double one_ms);
-/* A live step of one sequence with t new tokens took ms; cost[] follows. */
+/* A live step of one sequence with t new tokens took ms; cost[] follows. The first step
+ * of a size gone stale is taken as its time outright. */
 void spec_curve_observe(spec_curve *c, int32_t t, double ms);
 
 /* Measures cost[1..n_cost] with the runner: steps of T tokens for one sequence after a
